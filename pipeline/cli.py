@@ -1,0 +1,190 @@
+"""The ``bild-pipeline`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pipeline.decoding.config import DRAFT_WINDOWS, METHODS, DecodingConfig
+
+
+def _decoding_options(func):
+    """The decoding settings, one option per DecodingConfig field (same names as the job file)."""
+    defaults = DecodingConfig()
+    options = [
+        click.option("--method", type=click.Choice(METHODS), default=defaults.method, show_default=True),
+        click.option("--fallback-threshold", type=float, default=defaults.fallback_threshold, show_default=True,
+                     help="alpha_FB: the small model falls back when its top probability is below this."),
+        click.option("--rollback-threshold", type=float, default=defaults.rollback_threshold, show_default=True,
+                     help="alpha_RB: a draft with -log pL above this (and not the large model's choice) rolls back."),
+        click.option("--max-draft-tokens", type=int, default=defaults.max_draft_tokens, show_default=True),
+        click.option("--draft-window", type=click.Choice(DRAFT_WINDOWS), default=defaults.draft_window,
+                     show_default=True, help="speculative only: fixed k, or BiLD's fallback window."),
+        click.option("--max-input-tokens", type=int, default=defaults.max_input_tokens, show_default=True),
+        click.option("--max-new-tokens", type=int, default=defaults.max_new_tokens, show_default=True),
+        click.option("--do-sample/--greedy", default=defaults.do_sample, show_default=True),
+        click.option("--temperature", type=float, default=defaults.temperature, show_default=True),
+        click.option("--top-p", type=float, default=defaults.top_p, show_default=True),
+        click.option("--seed", type=int, default=defaults.seed, show_default=True),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _decoding_config(options: dict) -> DecodingConfig:
+    fields = DecodingConfig.__dataclass_fields__
+    try:
+        return DecodingConfig(**{key: value for key, value in options.items() if key in fields})
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _load_pair(small: str, large: str, tokenizer: str | None, dtype: str, device: str, trust_remote_code: bool):
+    from pipeline.decoding import IncompatiblePairError, ModelPair
+
+    try:
+        return ModelPair.from_pretrained(
+            small, large, tokenizer=tokenizer, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+        )
+    except IncompatiblePairError as exc:
+        raise click.UsageError(f"incompatible model pair: {exc}") from exc
+    except OSError as exc:
+        raise click.UsageError(f"cannot load the model pair: {exc}") from exc
+
+
+def _model_options(func):
+    options = [
+        click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),
+        click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
+        click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
+        click.option("--dtype", default="float32", show_default=True,
+                     type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"])),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
+        click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bild-pipeline")
+def main() -> None:
+    """Batch translation and summarization with Big Little Decoder (BiLD) speculative decoding."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would bury the results
+
+
+@main.command()
+@_model_options
+@_decoding_options
+@click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
+@click.argument("texts", nargs=-1, required=True)
+def generate(small, large, tokenizer, dtype, device, trust_remote_code, prompt, as_json, texts, **options):
+    """Decode TEXTS with a small/large pair and print each output with its statistics."""
+    from pipeline.decoding import Generator
+
+    config = _decoding_config(options)
+    pair = _load_pair(small, large, tokenizer, dtype, device, trust_remote_code)
+    inputs = [prompt.format(text=text) if prompt else text for text in texts]
+    results = Generator(pair, config).generate(inputs)
+    failed = False
+    for text, result in zip(texts, results):
+        record = {"input": text, **result.to_record()}
+        failed |= result.error is not None
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+            continue
+        click.echo(f"input:      {text}")
+        if result.error:
+            click.echo(f"error:      {result.error}")
+        else:
+            click.echo(f"prediction: {result.prediction}")
+        stats = result.stats
+        small_share = stats.small_tokens / stats.output_tokens if stats.output_tokens else 0.0
+        click.echo(
+            f"stats:      method={result.method} input_tokens={result.input_tokens} truncated={result.truncated} "
+            f"output_tokens={stats.output_tokens} small_tokens={stats.small_tokens} ({small_share:.0%}) "
+            f"large_tokens={stats.large_tokens} fallbacks={stats.fallbacks} rollbacks={stats.rollbacks} "
+            f"small_calls={stats.small_calls} large_calls={stats.large_calls} latency_ms={result.latency_ms:.1f}"
+        )
+    sys.exit(1 if failed else 0)
+
+
+@main.command("tiny-pair")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)
+@click.option("--small-kind", type=click.Choice(["noisy", "independent"]), default="noisy", show_default=True,
+              help="noisy: a noisy copy of the large model (agrees often); independent: another random model.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def tiny_pair(out_dir, family, small_kind, seed):
+    """Build a tiny random pair (offline) into OUT_DIR/small and OUT_DIR/large, for trying things out."""
+    from pipeline.tiny import save_pair
+
+    small, large = save_pair(out_dir, family, small=small_kind, seed=seed)
+    click.echo(f"small: {small}\nlarge: {large}")
+
+
+@main.command("bench-loop")
+@click.option("--small", default=None, help="Small model (default: a tiny random T5 pair built in memory).")
+@click.option("--large", default=None, help="Large model.")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--inputs", "num_inputs", type=int, default=8, show_default=True, help="Number of inputs.")
+@click.option("--repeats", type=int, default=5, show_default=True, help="Interleaved repetitions.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--fallback-threshold", type=float, default=0.4, show_default=True)
+@click.option("--rollback-threshold", type=float, default=3.0, show_default=True)
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")
+def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens, fallback_threshold,
+               rollback_threshold, threads):
+    """Loop overhead: our `large` loop vs HF generate(), and BiLD bookkeeping vs model time."""
+    import torch
+
+    from pipeline.bench_loop import run_loop_bench
+    from pipeline.decoding import ModelPair
+
+    if threads:
+        torch.set_num_threads(threads)
+    if (small is None) != (large is None):
+        raise click.UsageError("give both --small and --large, or neither")
+    if small is None:
+        from pipeline.tiny import build_pair
+
+        small_model, large_model, tokenizer = build_pair("t5", small="noisy")
+        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"))
+        described = "tiny random T5 pair (noisy small copy), built in memory"
+    else:
+        pair = _load_pair(small, large, None, dtype, device, False)
+        described = f"small={small} large={large}"
+    texts = [line for line in _BENCH_TEXTS][:num_inputs]
+    config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
+                            rollback_threshold=rollback_threshold)
+    result = run_loop_bench(pair, texts, config, repeats=repeats)
+    click.echo(f"pair: {described}; device: {pair.device}; torch threads: {torch.get_num_threads()}")
+    click.echo(result.to_markdown())
+
+
+_BENCH_TEXTS = [
+    "Ein Hund läuft über die Wiese.",
+    "Zwei Männer spielen Fußball im Park.",
+    "Eine Frau mit rotem Hut liest ein Buch.",
+    "Kinder bauen eine Sandburg am Strand.",
+    "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
+    "Eine Gruppe von Menschen steht vor einem Gebäude.",
+    "Ein kleines Mädchen klettert auf einen Baum.",
+    "Zwei Hunde spielen im Schnee.",
+    "Ein Arbeiter repariert eine Straße.",
+    "Eine ältere Frau sitzt auf einer Bank im Park.",
+    "Ein Junge springt in einen See.",
+    "Musiker spielen auf einer Bühne vor Publikum.",
+]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Decoding settings: which method runs and with which thresholds (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Method = Literal["bild", "speculative", "large", "small"]
+DraftWindow = Literal["fixed", "fallback"]
+METHODS: tuple[str, ...] = ("bild", "speculative", "large", "small")
+DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """Everything that decides how one record is decoded.
+
+    Field names match the job file's ``decoding:`` section, so a job maps onto this one to one.
+    """
+
+    method: Method = "bild"
+    # BiLD paper defaults (arXiv 2302.07863, §4): alpha_FB = 0.4 ... 0.6, alpha_RB = 2 ... 5.
+    fallback_threshold: float = 0.4
+    rollback_threshold: float = 3.0
+    # The draft window: BiLD's cap on small-model tokens between two large-model calls,
+    # and speculative decoding's `k`.
+    max_draft_tokens: int = 10
+    # `speculative` only: "fixed" drafts exactly k tokens; "fallback" stops early, as BiLD does,
+    # when the small model's confidence falls below fallback_threshold. Lossless either way.
+    draft_window: DraftWindow = "fixed"
+    max_input_tokens: int = 512
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.method not in METHODS:
+            problems.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.draft_window not in DRAFT_WINDOWS:
+            problems.append(f"draft_window must be one of {', '.join(DRAFT_WINDOWS)}, got {self.draft_window!r}")
+        if not 0.0 <= self.fallback_threshold <= 1.0:
+            problems.append(f"fallback_threshold must lie in [0, 1], got {self.fallback_threshold}")
+        if self.rollback_threshold < 0:
+            problems.append(f"rollback_threshold must be >= 0, got {self.rollback_threshold}")
+        for name in ("max_draft_tokens", "max_input_tokens", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            problems.append(f"temperature must be > 0, got {self.temperature} (use do_sample: false for greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p must lie in (0, 1], got {self.top_p}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,118 @@
+"""Text in, text and per-record statistics out: the entry point the pipeline stages call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.decoding.config import DecodingConfig
+from pipeline.decoding.loop import DecodeOutput, DecodeStats, decode_autoregressive, decode_with_drafts
+from pipeline.decoding.models import ModelPair
+from pipeline.decoding.sampling import RowSampler
+
+
+@dataclass
+class GenerationResult:
+    """One record's outcome. ``to_record()`` gives the DESIGN.md §2 columns it owns."""
+
+    prediction: str | None
+    error: str | None
+    method: str
+    input_tokens: int = 0
+    truncated: bool = False
+    latency_ms: float = 0.0
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_record(self) -> dict:
+        return {
+            "prediction": self.prediction,
+            "error": self.error,
+            "method": self.method,
+            "input_tokens": self.input_tokens,
+            "truncated": self.truncated,
+            **self.stats.to_dict(),
+            "latency_ms": self.latency_ms,
+        }
+
+
+class InputError(ValueError):
+    """A record whose text cannot be decoded (its row gets an error, the job goes on)."""
+
+
+class Generator:
+    """Decodes texts with one ModelPair under one DecodingConfig, record by record."""
+
+    def __init__(self, pair: ModelPair, config: DecodingConfig):
+        self.pair = pair
+        self.config = config
+
+    def encode(self, text: object) -> tuple[torch.Tensor, bool]:
+        """Token ids [1, S] for one input, truncated to max_input_tokens, and whether it was cut."""
+        if not isinstance(text, str):
+            raise InputError(f"input text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise InputError("input text is empty")
+        tokenizer, limit = self.pair.tokenizer, self.config.max_input_tokens
+        ids = tokenizer(text)["input_ids"]
+        truncated = len(ids) > limit
+        if truncated:  # let the tokenizer cut, so special tokens such as EOS stay where they belong
+            ids = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
+        if not ids:
+            raise InputError("input text produced no tokens")
+        return torch.tensor([ids], dtype=torch.long), truncated
+
+    def generate_one(self, text: object, seed: int | None = None) -> GenerationResult:
+        """Decode one text; any failure becomes the result's ``error``, never an exception."""
+        method = self.config.method
+        try:
+            input_ids, truncated = self.encode(text)
+        except InputError as exc:
+            return GenerationResult(prediction=None, error=str(exc), method=method)
+        try:
+            started = time.perf_counter()
+            output = self.decode_ids(input_ids, seed)
+            latency_ms = (time.perf_counter() - started) * 1000.0
+        except Exception as exc:  # noqa: BLE001 - a record's failure must not stop the job
+            return GenerationResult(
+                prediction=None,
+                error=f"{type(exc).__name__}: {exc}"[:500],
+                method=method,
+                input_tokens=input_ids.shape[1],
+                truncated=truncated,
+            )
+        prediction = self.pair.tokenizer.decode(output.tokens, skip_special_tokens=True)
+        return GenerationResult(
+            prediction=prediction,
+            error=None,
+            method=method,
+            input_tokens=input_ids.shape[1],
+            truncated=truncated,
+            latency_ms=latency_ms,
+            stats=output.stats,
+            token_ids=output.tokens,
+        )
+
+    def generate(self, texts: Sequence[object], seeds: Sequence[int] | None = None) -> list[GenerationResult]:
+        """Decode each text; with seeds=None every record uses config.seed."""
+        seeds = seeds if seeds is not None else [self.config.seed] * len(texts)
+        return [self.generate_one(text, seed) for text, seed in zip(texts, seeds)]
+
+    def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
+        """Run the configured method on token ids [1, S] (encoders included)."""
+        config = self.config
+        sampler = None
+        if config.do_sample:
+            sampler = RowSampler.seeded([config.seed if seed is None else seed], device=self.pair.device)
+        eos = self.pair.eos_token_ids
+        if config.method in ("large", "small"):
+            small, large, prefix = self.pair.runners(
+                input_ids, small=config.method == "small", large=config.method == "large"
+            )
+            runner = large if config.method == "large" else small
+            return decode_autoregressive(runner, prefix, config, eos, sampler, writer=config.method)
+        small, large, prefix = self.pair.runners(input_ids)
+        return decode_with_drafts(small, large, prefix, config, eos, sampler)

@@ -1,0 +1,196 @@
+"""A small/large pair of Hugging Face models that share one vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from pipeline.decoding.runner import CachedDecoder
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+class IncompatiblePairError(ValueError):
+    """The small and large model cannot be used together (raised before any decoding)."""
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto" means bfloat16 on a GPU that supports it, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """Load a hub id or a local ``save_pretrained`` folder as a seq2seq or causal LM, in eval mode."""
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto_class.from_pretrained(
+        name_or_path, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+    )
+    return model.to(device).eval()
+
+
+def _vocabulary_size(model: PreTrainedModel) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+@dataclass
+class ModelPair:
+    """The small (drafting) and large (verifying) model, their shared tokenizer and device."""
+
+    small: PreTrainedModel
+    large: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        check_compatible(self.small, self.large)
+        self.is_encoder_decoder = bool(self.large.config.is_encoder_decoder)
+        self.eos_token_ids = _eos_token_ids(self.large, self.tokenizer)
+        self.decoder_start_token_id = getattr(self.large.config, "decoder_start_token_id", None)
+        if self.is_encoder_decoder and self.decoder_start_token_id is None:
+            raise IncompatiblePairError("the large model's config has no decoder_start_token_id")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        small: str,
+        large: str,
+        *,
+        tokenizer: str | None = None,
+        dtype: str | torch.dtype = "float32",
+        device: str = "auto",
+        trust_remote_code: bool = False,
+    ) -> "ModelPair":
+        """Load both models by hub id or local folder; the tokenizer defaults to the large model's."""
+        torch_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
+        small_config = AutoConfig.from_pretrained(small, trust_remote_code=trust_remote_code)
+        large_config = AutoConfig.from_pretrained(large, trust_remote_code=trust_remote_code)
+        _check_configs(small_config, large_config)  # fail before loading any weights
+        shared_tokenizer = AutoTokenizer.from_pretrained(tokenizer or large, trust_remote_code=trust_remote_code)
+        if tokenizer is None:
+            _check_tokenizers_match(small, shared_tokenizer, trust_remote_code)
+        load = dict(dtype=torch_dtype, device=torch_device, trust_remote_code=trust_remote_code)
+        return cls(
+            small=load_model(small, **load),
+            large=load_model(large, **load),
+            tokenizer=shared_tokenizer,
+            device=torch_device,
+        )
+
+    def runners(self, input_ids: torch.Tensor, *, small: bool = True, large: bool = True):
+        """Run each needed model's encoder once and return (small_runner, large_runner, prefix).
+
+        input_ids: [B, S]. For encoder-decoder models the decoder prefix is the start token and
+        each runner holds its own model's encoder output; for decoder-only models the prompt is
+        the prefix. A runner not asked for is None.
+        """
+        input_ids = input_ids.to(self.device)
+        attention_mask = torch.ones_like(input_ids)
+        if not self.is_encoder_decoder:
+            return (
+                CachedDecoder(self.small) if small else None,
+                CachedDecoder(self.large) if large else None,
+                input_ids,
+            )
+        prefix = torch.full((input_ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long, device=self.device)
+        made = []
+        for wanted, model in ((small, self.small), (large, self.large)):
+            if not wanted:
+                made.append(None)
+                continue
+            with torch.inference_mode():
+                encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+            made.append(CachedDecoder(model, encoded, attention_mask))
+        return made[0], made[1], prefix
+
+
+def _check_configs(small_config, large_config) -> None:
+    if bool(small_config.is_encoder_decoder) != bool(large_config.is_encoder_decoder):
+        kinds = {True: "encoder-decoder", False: "decoder-only"}
+        raise IncompatiblePairError(
+            f"the small model is {kinds[bool(small_config.is_encoder_decoder)]} but the large model is "
+            f"{kinds[bool(large_config.is_encoder_decoder)]}; both must be of the same kind"
+        )
+    small_vocab = getattr(small_config, "vocab_size", None)
+    large_vocab = getattr(large_config, "vocab_size", None)
+    if small_vocab != large_vocab:
+        raise IncompatiblePairError(
+            f"the small and large model have different vocabularies (vocab_size {small_vocab} vs "
+            f"{large_vocab}); BiLD needs a pair that shares one tokenizer"
+        )
+
+
+def _check_tokenizers_match(small: str, large_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> None:
+    """If the small model ships its own tokenizer, it must map text to the same ids."""
+    try:
+        small_tokenizer = AutoTokenizer.from_pretrained(small, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return  # no tokenizer beside the small model: it uses the shared one
+    if small_tokenizer.get_vocab() != large_tokenizer.get_vocab():
+        raise IncompatiblePairError(
+            "the small and large model come with different tokenizers (their vocabularies differ); "
+            "BiLD needs a pair that shares one tokenizer"
+        )
+
+
+def check_compatible(small: PreTrainedModel, large: PreTrainedModel) -> None:
+    """Raise IncompatiblePairError unless the two models can draft for / verify each other."""
+    _check_configs(small.config, large.config)
+    if _vocabulary_size(small) != _vocabulary_size(large):
+        raise IncompatiblePairError(
+            f"the small and large model have different vocabularies ({_vocabulary_size(small)} vs "
+            f"{_vocabulary_size(large)} output logits); BiLD needs a pair that shares one tokenizer"
+        )
+    if small.config.is_encoder_decoder and (
+        small.config.decoder_start_token_id != large.config.decoder_start_token_id
+    ):
+        raise IncompatiblePairError(
+            f"the models start decoding from different tokens (decoder_start_token_id "
+            f"{small.config.decoder_start_token_id} vs {large.config.decoder_start_token_id})"
+        )

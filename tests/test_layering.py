@@ -1,0 +1,41 @@
+"""DESIGN.md §3: pipeline/decoding is pure torch + transformers."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+FORBIDDEN = {"ray", "fsspec", "s3fs", "click"}
+DECODING = Path(__file__).resolve().parents[1] / "pipeline" / "decoding"
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_decoding_sources_import_no_ray_fsspec_or_click():
+    files = sorted(DECODING.glob("*.py"))
+    assert files
+    for path in files:
+        assert not imported_modules(path) & FORBIDDEN, path.name
+        # Anything it imports from the package must stay inside decoding.
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline."):
+                assert node.module.startswith("pipeline.decoding"), f"{path.name} imports {node.module}"
+
+
+def test_importing_decoding_loads_none_of_them():
+    code = ("import sys, pipeline.decoding; "
+            f"print(sorted(m for m in {sorted(FORBIDDEN)!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
