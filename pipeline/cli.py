@@ -116,6 +116,50 @@ def generate(small, large, tokenizer, dtype, device, trust_remote_code, prompt, 
     sys.exit(1 if failed else 0)
 
 
+@main.command()
+@click.argument("job_files", nargs=-1, required=True, type=click.Path())
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key.")
+def validate(job_files, overrides):
+    """Check job files without running them (exit code 2 if any is invalid)."""
+    from pipeline.jobs import JobFileError, load_job
+
+    bad = 0
+    for path in job_files:
+        try:
+            job = load_job(path, overrides)
+        except JobFileError as exc:
+            click.echo(str(exc), err=True)
+            bad += 1
+        else:
+            click.echo(f"{path}: ok (job {job.name!r}, method {job.decoding.method}, config {job.config_hash()})")
+    sys.exit(2 if bad else 0)
+
+
+@main.command()
+@click.argument("job_file", type=click.Path())
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key.")
+@click.option("--address", default=None,
+              help="Ray cluster to join (default: RAY_ADDRESS if set, else an embedded local Ray).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def run(job_file, overrides, address, as_json):
+    """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
+    from pipeline.io.storage import InputError
+    from pipeline.jobs import JobFileError, load_job
+    from pipeline.jobs.run import OutputExistsError, run_job
+
+    try:
+        job = load_job(job_file, overrides)
+    except JobFileError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    try:
+        summary = run_job(job, address=address)
+    except (InputError, OutputExistsError) as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
+
+
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)
@@ -168,6 +212,32 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     result = run_loop_bench(pair, texts, config, repeats=repeats)
     click.echo(f"pair: {described}; device: {pair.device}; torch threads: {torch.get_num_threads()}")
     click.echo(result.to_markdown())
+
+
+@main.command("bench-pipeline")
+@click.option("--small", default=None, help="Small model folder (default: a tiny random T5 pair saved to a temp dir).")
+@click.option("--large", default=None)
+@click.option("--records", type=int, default=512, show_default=True)
+@click.option("--repeats", type=int, default=2, show_default=True)
+def bench_pipeline(small, large, records, repeats):
+    """Pipeline overhead: the same records in-process vs through Ray (one actor), ratio printed."""
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.bench_pipeline import run_pipeline_bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if small is None or large is None:
+            from pipeline.tiny import save_pair
+
+            small, large = (str(p) for p in save_pair(Path(tmp) / "pair", "t5", small="noisy"))
+        result = run_pipeline_bench(small, large, _BENCH_TEXTS, Path(tmp), records=records, repeats=repeats)
+    click.echo(
+        f"records: {result['records']}, repetitions: {result['repeats']} (alternating)\n"
+        f"in-process: {result['in_process_s']:.2f} s ({result['in_process_records_per_s']:.1f} records/s)\n"
+        f"pipeline:   {result['pipeline_s']:.2f} s ({result['pipeline_records_per_s']:.1f} records/s)\n"
+        f"ratio pipeline / in-process: {result['ratio_pipeline_over_in_process']:.2f}x"
+    )
 
 
 _BENCH_TEXTS = [

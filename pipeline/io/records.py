@@ -1,0 +1,75 @@
+"""Input records in one normal form, whatever the file format.
+
+Every input row becomes ``{"id", "text", "reference", "input_error"}``: ids are strings, text
+and reference are strings or None, and ``input_error`` says why a row cannot be decoded (the
+stage then writes an error row for it instead of decoding). Keeping bad values out of the
+``text`` column keeps the Arrow schema stable across blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+RECORD_SCHEMA = pa.schema(
+    [("id", pa.string()), ("text", pa.string()), ("reference", pa.string()), ("input_error", pa.string())]
+)
+
+
+def _id_string(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 7.0 from a float column is the id "7"
+    text = str(value)
+    return text if text.strip() else None
+
+
+def normalize(raw: dict, id_column: str, text_column: str, reference_column: str | None) -> dict:
+    """One raw input row -> the normal form."""
+    text = raw.get(text_column)
+    error = None
+    if text_column not in raw or text is None:
+        error = f"missing text (column {text_column!r} is null or absent)"
+        text = None
+    elif not isinstance(text, str):
+        error = f"input text must be a string, got {type(text).__name__}"
+        text = None
+    reference = raw.get(reference_column) if reference_column else None
+    if reference is not None and not isinstance(reference, str):
+        reference = str(reference)
+    return {"id": _id_string(raw.get(id_column)), "text": text, "reference": reference, "input_error": error}
+
+
+def parse_jsonl(
+    data: bytes, source: str, id_column: str, text_column: str, reference_column: str | None
+) -> Iterator[dict]:
+    """Records of one JSONL file. A line that is not valid UTF-8 or JSON becomes an error record;
+    its id is recovered where the line can still be parsed, else it is ``<file>:<line number>``."""
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raw, problem = _salvage(line), "invalid UTF-8 in the input line"
+        except json.JSONDecodeError as exc:
+            raw, problem = None, f"invalid JSON in the input line ({exc.msg})"
+        else:
+            problem = None if isinstance(raw, dict) else f"a JSONL line must be an object, got {type(raw).__name__}"
+        if problem:
+            record_id = _id_string(raw.get(id_column)) if isinstance(raw, dict) else None
+            yield {"id": record_id or f"{source}:{number}", "text": None, "reference": None, "input_error": problem}
+            continue
+        yield normalize(raw, id_column, text_column, reference_column)
+
+
+def _salvage(line: bytes) -> dict | None:
+    try:
+        raw = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return raw if isinstance(raw, dict) else None

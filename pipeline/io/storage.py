@@ -1,0 +1,156 @@
+"""Where records come from and go to: fsspec URLs (local, s3://, hf://, ...) as Ray Data datasets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.io.records import normalize, parse_jsonl
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = {"parquet": ["parquet"], "csv": ["csv"], "jsonl": ["jsonl", "json"]}
+# A run's layout: OUTPUT/run.json (the manifest) beside OUTPUT/data/*.parquet (the rows), so that any
+# Parquet reader pointed at OUTPUT/data sees only Parquet files.
+MANIFEST = "run.json"
+DATA_DIR = "data"
+
+
+def data_path(output_path: str) -> str:
+    return posixpath.join(output_path, DATA_DIR)
+
+
+class InputError(ValueError):
+    """The input cannot be used at all (missing column, duplicate ids): the job stops before decoding."""
+
+
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(fsspec filesystem, path within it) for any fsspec URL; storage_options go through as they are."""
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return fs, path
+
+
+def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def read_records(input_config) -> "ray.data.Dataset":  # noqa: F821 - ray is imported lazily
+    """The job's input as a Ray dataset in the normal form of ``records.py``."""
+    import ray.data
+
+    cfg = input_config
+    fs, path = open_filesystem(cfg.path, cfg.storage_options)
+    if not fs.exists(path):
+        raise InputError(f"input.path {cfg.path!r} does not exist")
+    filesystem = arrow_filesystem(fs)
+    columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
+
+    if cfg.format == "jsonl":
+        files = ray.data.read_binary_files(
+            path, filesystem=filesystem, include_paths=True, file_extensions=EXTENSIONS["jsonl"]
+        )
+
+        def split_lines(row: dict) -> list[dict]:
+            return list(parse_jsonl(row["bytes"], posixpath.basename(row["path"]), *columns))
+
+        return files.flat_map(split_lines)
+
+    if cfg.format == "parquet":
+        dataset = ray.data.read_parquet(path, filesystem=filesystem, file_extensions=EXTENSIONS["parquet"])
+    else:
+        import pyarrow.csv as pacsv
+
+        # Read the named columns as text so "007" stays "007" and numbers do not change the type.
+        as_text = {name: pa.string() for name in columns if name}
+        dataset = ray.data.read_csv(
+            path,
+            filesystem=filesystem,
+            file_extensions=EXTENSIONS["csv"],
+            convert_options=pacsv.ConvertOptions(column_types=as_text, strings_can_be_null=False),
+        )
+    names = dataset.schema().names
+    for key, name in (("input.id_column", cfg.id_column), ("input.text_column", cfg.text_column),
+                      ("input.reference_column", cfg.reference_column)):
+        if name and name not in names:
+            raise InputError(f"{key} {name!r} is not a column of the input (columns: {', '.join(names)})")
+    return dataset.map(lambda row: normalize(row, *columns))
+
+
+def check_ids(dataset) -> pa.ChunkedArray:
+    """Fail fast on missing or duplicate ids; returns the ids in input order."""
+    import pyarrow.compute as pc
+
+    chunks = [
+        chunk
+        for batch in dataset.select_columns(["id"]).iter_batches(batch_format="pyarrow")
+        for chunk in batch.column("id").chunks
+    ]
+    ids = pa.chunked_array(chunks, type=pa.string())
+    if ids.null_count:
+        raise InputError(f"{ids.null_count} input record(s) have no id (a null or empty id)")
+    repeated = [
+        (item["values"].as_py(), item["counts"].as_py())
+        for item in pc.value_counts(ids)
+        if item["counts"].as_py() > 1
+    ]
+    if repeated:
+        examples = ", ".join(f"{value!r} x{count}" for value, count in repeated[:5])
+        raise InputError(f"{len(repeated)} input id(s) occur more than once, e.g. {examples}; ids must be unique")
+    return ids
+
+
+def output_files(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """The Parquet files of the run at `path` (its data directory)."""
+    data = data_path(path)
+    if not fs.exists(data):
+        return []
+    return sorted(p for p in fs.find(data) if p.endswith(".parquet"))
+
+
+def existing_ids(fs: fsspec.AbstractFileSystem, path: str) -> set[str]:
+    """Ids already written under an output path. A file that cannot be read (a write cut off by a
+    crash) is removed, so its records are decoded again rather than lost or duplicated."""
+    done: set[str] = set()
+    for file in output_files(fs, path):
+        try:
+            with fs.open(file, "rb") as handle:
+                table = pq.read_table(handle, columns=["id"])
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is an incomplete write
+            log.warning("removing unreadable output file %s (%s); its records will be decoded again", file, exc)
+            fs.rm(file)
+            continue
+        done.update(table.column("id").to_pylist())
+    return done
+
+
+def read_output_table(url: str, storage_options: dict | None = None, columns: list[str] | None = None) -> pa.Table:
+    """All output rows under a run's path (for summaries and tests)."""
+    fs, path = open_filesystem(url, storage_options)
+    tables = []
+    for file in output_files(fs, path):
+        with fs.open(file, "rb") as handle:
+            tables.append(pq.read_table(handle, columns=columns))
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables)
+
+
+def write_manifest(fs: fsspec.AbstractFileSystem, path: str, manifest: dict) -> None:
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(posixpath.join(path, MANIFEST), "w") as handle:
+        json.dump(manifest, handle, indent=2, sort_keys=True, default=str)
+
+
+def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
+    target = posixpath.join(path, MANIFEST)
+    if not fs.exists(target):
+        return None
+    with fs.open(target, "r") as handle:
+        return json.load(handle)

@@ -1,0 +1,6 @@
+"""Job files: the pydantic schema and its loader (YAML + --set overrides)."""
+
+from pipeline.jobs.load import JobFileError, apply_overrides, load_job
+from pipeline.jobs.schema import JobConfig, redact
+
+__all__ = ["JobConfig", "JobFileError", "apply_overrides", "load_job", "redact"]

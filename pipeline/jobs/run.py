@@ -1,0 +1,234 @@
+"""Running a job: read -> (resume filter) -> decode in an actor pool -> write, plus run.json.
+
+Resume is done by hand (see README): the output directory itself is the checkpoint. Before
+decoding, the ids already present in readable output files are skipped; a file cut off by a
+crash is unreadable, so it is removed and its records are decoded again. Each output file is
+written whole by one write task, so every id ends up exactly once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.io.storage import (
+    arrow_filesystem,
+    check_ids,
+    data_path,
+    existing_ids,
+    open_filesystem,
+    output_files,
+    read_manifest,
+    read_output_table,
+    read_records,
+    write_manifest,
+)
+from pipeline.jobs.schema import JobConfig
+from pipeline.stage import DecodeStage, DecodeStageSpec
+
+log = logging.getLogger(__name__)
+
+SUMMARY_COLUMNS = ["id", "error", "output_tokens", "small_tokens", "fallbacks", "rollbacks", "latency_ms"]
+
+
+class OutputExistsError(ValueError):
+    """output.mode is "error" and the output path already holds results."""
+
+
+@dataclass
+class RunSummary:
+    job_name: str
+    output_path: str
+    records_in_input: int
+    records_in_output: int
+    decoded_now: int
+    skipped_existing: int
+    errors_now: int
+    output_tokens_now: int
+    wall_seconds: float
+    small_share: float
+    fallbacks_per_100_tokens: float
+    rollbacks_per_100_tokens: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens_now / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_text(self) -> str:
+        return "\n".join(
+            [
+                f"job {self.job_name}: {self.records_in_output}/{self.records_in_input} records in {self.output_path}",
+                f"  this run: {self.decoded_now} decoded ({self.errors_now} errors), "
+                f"{self.skipped_existing} already done and skipped, {self.wall_seconds:.1f} s",
+                f"  throughput: {self.tokens_per_second:.1f} output tokens/s, "
+                f"{self.decoded_now / self.wall_seconds if self.wall_seconds else 0:.2f} records/s",
+                f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
+                f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
+                f"rollbacks per 100 tokens",
+            ]
+        )
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for package in ("bild-pipeline", "torch", "transformers", "ray", "pyarrow", "fsspec", "s3fs"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def _cluster_info() -> dict:
+    import ray
+
+    resources = ray.cluster_resources()
+    return {
+        "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+        "cpus": resources.get("CPU", 0),
+        "gpus": resources.get("GPU", 0),
+        "accelerators": sorted(k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")),
+        "driver_host": platform.node(),
+    }
+
+
+def connect_ray(address: str | None = None) -> None:
+    """Join the cluster at `address` (or RAY_ADDRESS, set inside a submitted job), else start an
+    embedded local Ray. Never joins some other cluster on this machine by accident."""
+    import ray
+
+    if not ray.is_initialized():
+        target = address or os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=target, logging_level=logging.WARNING)
+
+
+def _stage_spec(job: JobConfig) -> DecodeStageSpec:
+    models = job.models
+    return DecodeStageSpec(
+        small=models.small,
+        large=models.large,
+        tokenizer=models.tokenizer,
+        dtype=models.dtype,
+        device=models.device,
+        trust_remote_code=models.trust_remote_code,
+        decoding=job.decoding.to_config(),
+        prompt=job.prompt,
+        job_name=job.name,
+        config_hash=job.config_hash(),
+        torch_threads=max(1, int(job.compute.cpus_per_actor)),
+    )
+
+
+def _keep_ids(dataset, wanted: pa.Array):
+    def keep(batch: pa.Table) -> pa.Table:
+        return batch.filter(pc.is_in(batch["id"], value_set=wanted))
+
+    return dataset.map_batches(keep, batch_format="pyarrow")
+
+
+def decode_dataset(records, job: JobConfig):
+    """The decode stage over a dataset of normal-form records (lazy)."""
+    import ray.data
+
+    compute = job.compute
+    return records.map_batches(
+        DecodeStage,
+        fn_constructor_args=(_stage_spec(job),),
+        batch_size=compute.batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=compute.actors),
+        num_cpus=compute.cpus_per_actor,
+        num_gpus=compute.gpus_per_actor,
+        # Ray Data's defaults already restart a dead actor and retry its tasks on the successor.
+    )
+
+
+def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
+    out_fs, out_path = open_filesystem(job.output.path, job.output.storage_options)
+    if job.output.mode == "error" and output_files(out_fs, out_path):
+        raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
+    if job.output.mode == "overwrite" and out_fs.exists(out_path):
+        out_fs.rm(out_path, recursive=True)
+
+    connect_ray(address)
+    records = read_records(job.input)
+    all_ids = check_ids(records)
+    ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
+    done = existing_ids(out_fs, out_path) if job.output.mode == "resume" else set()
+    if done:
+        ids_done = pc.is_in(ids, value_set=pa.array(sorted(done), pa.string()))
+        todo = pc.filter(ids, pc.invert(ids_done)).combine_chunks()
+    else:
+        todo = ids.combine_chunks()
+
+    previous = read_manifest(out_fs, out_path) or {}
+    attempt = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(), "to_decode": len(todo)}
+    manifest = {
+        "job": job.redacted(),
+        "config_hash": job.config_hash(),
+        "status": "running",
+        "versions": _versions(),
+        "cluster": _cluster_info(),
+        "attempts": [*previous.get("attempts", []), attempt],
+    }
+    write_manifest(out_fs, out_path, manifest)
+
+    started = time.perf_counter()
+    try:
+        if len(todo):
+            selected = records if len(todo) == len(all_ids) else _keep_ids(records, todo)
+            # Small blocks spread the work over every actor (readers merge small files into one
+            # block) and flush output regularly; a block never exceeds output.rows_per_file.
+            block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
+            selected = selected.repartition(target_num_rows_per_block=block_rows)
+            decode_dataset(selected, job).write_parquet(
+                data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
+            )
+    except BaseException as exc:
+        attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), error=f"{type(exc).__name__}")
+        manifest["status"] = "failed"
+        write_manifest(out_fs, out_path, manifest)
+        raise
+    wall = time.perf_counter() - started
+
+    summary = summarize(job, out_fs, out_path, records_in_input=len(ids), decoded=todo, wall_seconds=wall)
+    attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
+    manifest["status"] = "succeeded"
+    write_manifest(out_fs, out_path, manifest)
+    return summary
+
+
+def summarize(job: JobConfig, fs, path: str, *, records_in_input: int, decoded: pa.Array, wall_seconds: float):
+    table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
+    now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
+    tokens = int(pc.sum(now["output_tokens"]).as_py() or 0) if now.num_rows else 0
+
+    def per_100(column: str) -> float:
+        return 100.0 * int(pc.sum(now[column]).as_py() or 0) / tokens if tokens else 0.0
+
+    return RunSummary(
+        job_name=job.name,
+        output_path=job.output.path,
+        records_in_input=records_in_input,
+        records_in_output=table.num_rows,
+        decoded_now=now.num_rows,
+        skipped_existing=records_in_input - len(decoded),
+        errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
+        output_tokens_now=tokens,
+        wall_seconds=wall_seconds,
+        small_share=int(pc.sum(now["small_tokens"]).as_py() or 0) / tokens if tokens else 0.0,
+        fallbacks_per_100_tokens=per_100("fallbacks"),
+        rollbacks_per_100_tokens=per_100("rollbacks"),
+    )

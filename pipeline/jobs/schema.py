@@ -1,0 +1,135 @@
+"""The job file: a pydantic model that maps one to one onto the YAML users write.
+
+Unknown keys are errors (a typo must not be silently ignored), and every error names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pipeline.decoding.config import DecodingConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputSection(_Section):
+    path: str = Field(description="A file, or a directory/prefix of shards; any fsspec URL (s3://, hf://, ...).")
+    format: Literal["parquet", "jsonl", "csv"] = "parquet"
+    id_column: str = "id"
+    text_column: str = "text"
+    reference_column: str | None = None
+    limit: int | None = Field(default=None, ge=1, description="Decode only the first N records (after resume).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="Passed to fsspec as they are.")
+
+
+class ModelsSection(_Section):
+    small: str
+    large: str
+    tokenizer: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "float32"
+    device: str = "auto"
+    trust_remote_code: bool = False
+
+
+class DecodingSection(_Section):
+    """The fields of pipeline.decoding.DecodingConfig, validated here so errors name the key."""
+
+    method: Literal["bild", "speculative", "large", "small"] = "bild"
+    fallback_threshold: float = Field(default=0.4, ge=0.0, le=1.0)
+    rollback_threshold: float = Field(default=3.0, ge=0.0)
+    max_draft_tokens: int = Field(default=10, ge=1)
+    draft_window: Literal["fixed", "fallback"] = "fixed"
+    max_input_tokens: int = Field(default=512, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(default=1.0, gt=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = 0
+
+    def to_config(self) -> DecodingConfig:
+        return DecodingConfig(**self.model_dump())
+
+
+class ComputeSection(_Section):
+    actors: int = Field(default=1, ge=1, description="Decoding actors, each holding one model pair.")
+    gpus_per_actor: float = Field(default=0.0, ge=0.0)
+    cpus_per_actor: float = Field(default=1.0, gt=0.0)
+    batch_size: int = Field(default=8, ge=1, description="Records handed to an actor at a time.")
+
+
+class OutputSection(_Section):
+    path: str
+    mode: Literal["resume", "overwrite", "error"] = "resume"
+    # Rows gathered into one Parquet file. Each file is the unit of resume: after a crash, at most
+    # this many rows per writer are decoded again. Larger means fewer, bigger files.
+    rows_per_file: int = Field(default=1000, ge=1)
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    task: Literal["translation", "summarization"] = "translation"
+    input: InputSection
+    prompt: str | None = Field(default=None, description='Template around each text, e.g. "summarize: {text}".')
+    models: ModelsSection
+    decoding: DecodingSection = Field(default_factory=DecodingSection)
+    compute: ComputeSection = Field(default_factory=ComputeSection)
+    output: OutputSection
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_has_text(cls, prompt: str | None) -> str | None:
+        if prompt is not None:
+            if "{text}" not in prompt:
+                raise ValueError("the prompt template must contain {text}")
+            try:
+                prompt.format(text="")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"the prompt template is not a valid format string: {exc}") from exc
+        return prompt
+
+    @model_validator(mode="after")
+    def _reference_differs_from_text(self) -> "JobConfig":
+        if self.input.reference_column and self.input.reference_column == self.input.text_column:
+            raise ValueError("input.reference_column must differ from input.text_column")
+        return self
+
+    def redacted(self) -> dict:
+        """The resolved config with secrets (keys, tokens, passwords) replaced: safe to write or print."""
+        return redact(self.model_dump())
+
+    def config_hash(self) -> str:
+        """A short hash of what decides the outputs (input, prompt, models, decoding), secrets excluded."""
+        decisive = {key: self.redacted()[key] for key in ("task", "input", "prompt", "models", "decoding")}
+        decisive["input"] = {k: v for k, v in decisive["input"].items() if k not in ("limit", "storage_options")}
+        blob = json.dumps(decisive, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# Keys whose values are secrets: "key", "secret", "token", "aws_secret_access_key", "session_token",
+# "api_key", "password" ... but not "max_new_tokens" or "id_column".
+_SECRET_KEY = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|secret|password|private_key", re.I)
+REDACTED = "***"
+
+
+def redact(value: Any) -> Any:
+    """Replace the values of secret-looking keys anywhere in a nested structure."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def _decoding_fields_match() -> bool:
+    """DecodingSection must mirror DecodingConfig field for field (checked by a test)."""
+    return set(DecodingSection.model_fields) == {f.name for f in dataclasses.fields(DecodingConfig)}

@@ -1,0 +1,65 @@
+"""Job schema, secrets and input normal form (no Ray needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.decoding import DecodingConfig
+from pipeline.io.records import normalize, parse_jsonl
+from pipeline.jobs.schema import REDACTED, DecodingSection, JobConfig, redact
+
+BASE = {"name": "j", "input": {"path": "s3://b/in/", "storage_options": {"key": "AKIA-SECRET-ID",
+                                                                          "secret": "very-secret"}},
+        "models": {"small": "s", "large": "l"}, "output": {"path": "s3://b/out/"}}
+
+
+def test_decoding_section_mirrors_decoding_config():
+    assert set(DecodingSection.model_fields) == {f.name for f in dataclasses.fields(DecodingConfig)}
+    assert DecodingSection().to_config() == DecodingConfig()
+
+
+def test_redaction_hides_secrets_only():
+    job = JobConfig.model_validate(BASE)
+    text = str(job.redacted())
+    assert "very-secret" not in text and "AKIA-SECRET-ID" not in text
+    assert job.redacted()["decoding"]["max_new_tokens"] == 128  # "tokens" is not a secret
+    nested = redact({"client_kwargs": {"aws_secret_access_key": "x", "session_token": "y", "endpoint_url": "u"},
+                     "password": "p", "api_key": "k", "id_column": "id"})
+    assert nested == {"client_kwargs": {"aws_secret_access_key": REDACTED, "session_token": REDACTED,
+                                        "endpoint_url": "u"}, "password": REDACTED, "api_key": REDACTED,
+                      "id_column": "id"}
+
+
+def test_config_hash_follows_what_decides_outputs():
+    job = JobConfig.model_validate(BASE)
+    other_secret = JobConfig.model_validate({**BASE, "input": {**BASE["input"], "storage_options": {"key": "z"}}})
+    other_compute = JobConfig.model_validate({**BASE, "compute": {"actors": 8}})
+    other_method = JobConfig.model_validate({**BASE, "decoding": {"method": "large"}})
+    assert job.config_hash() == other_secret.config_hash() == other_compute.config_hash()
+    assert job.config_hash() != other_method.config_hash()
+
+
+def test_prompt_template_is_checked():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="must contain"):
+        JobConfig.model_validate({**BASE, "prompt": "summarize:"})
+    assert JobConfig.model_validate({**BASE, "prompt": "summarize: {text}"}).prompt == "summarize: {text}"
+
+
+def test_normal_form_of_records():
+    assert normalize({"id": 7.0, "t": "x"}, "id", "t", None) == {"id": "7", "text": "x", "reference": None,
+                                                                 "input_error": None}
+    assert "string" in normalize({"id": 1, "t": 3}, "id", "t", None)["input_error"]
+    assert "missing" in normalize({"id": 1}, "id", "t", None)["input_error"]
+    assert normalize({"id": " ", "t": "x"}, "id", "t", None)["id"] is None
+
+
+def test_jsonl_lines_with_bad_bytes_keep_their_id():
+    data = b'{"id": "a", "t": "gut"}\n\n{"id": "b", "t": "\xff"}\nnot json\n[1, 2]\n'
+    records = list(parse_jsonl(data, "f.jsonl", "id", "t", None))
+    assert [r["id"] for r in records] == ["a", "b", "f.jsonl:4", "f.jsonl:5"]
+    assert records[0]["input_error"] is None
+    assert "UTF-8" in records[1]["input_error"] and "JSON" in records[2]["input_error"]
+    assert "object" in records[3]["input_error"]
