@@ -218,3 +218,43 @@ def test_job_files_validate_and_name_the_bad_key(tmp_path):
     assert job.decoding.method == "large" and job.input.limit == 100
     run_bad = runner.invoke(main, ["run", str(tmp_path / "typo.yaml")])
     assert run_bad.exit_code == 2
+
+
+def _decode_actor_pids() -> list[int]:
+    """Processes of live decode actors (Ray titles them after the stage)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"MapBatches(DecodeStage)" in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tiny_pair, tmp_path):
+    import threading
+
+    ids = write_shards(str(tmp_path / "in"), 48, 8)
+    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 24},
+                   compute={"batch_size": 1}, output={"rows_per_file": 2})
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(summary=run_job(job)))
+    worker.start()
+    data_dir, killed = tmp_path / "out" / "data", []
+    deadline = time.time() + 120
+    while not killed and time.time() < deadline and worker.is_alive():
+        if data_dir.exists() and any(data_dir.glob("*.parquet")):  # the actor is mid-job
+            for pid in _decode_actor_pids():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.05)
+    worker.join(timeout=300)
+    assert killed, "the test must kill a decode actor while the job runs"
+    assert outcome["summary"].records_in_output == len(ids)
+    table = output_rows(job)
+    assert_one_row_per_id(table, ids)
+    assert table.column("error").null_count == table.num_rows
+    assert len(set(table.column("worker").to_pylist())) >= 2  # the replacement actor finished the job
