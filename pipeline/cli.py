@@ -256,5 +256,15 @@ _BENCH_TEXTS = [
 ]
 
 
+def _register_cluster_commands() -> None:
+    from pipeline.submit import logs, status, stop, submit
+
+    for command in (submit, status, logs, stop):
+        main.add_command(command)
+
+
+_register_cluster_commands()
+
+
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ from pipeline.decoding import DecodingConfig, decode_autoregressive, decode_with
 from pipeline.decoding.policies import Verdict
 from pipeline.decoding.runner import CachedDecoder
 from pipeline.decoding.sampling import RowSampler
-from pipeline.tiny import build_model
 
 VOCAB = 6
 P_FLOOR = 1e-3  # a correct sampler fails this about once in a thousand runs; seeds are fixed

@@ -1,34 +1,39 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
+Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.
 """
 
-from pipeline.decoding.config import METHODS, DecodingConfig
-from pipeline.decoding.generator import GenerationResult, Generator, InputError
-from pipeline.decoding.loop import DecodeOutput, DecodeStats, decode_autoregressive, decode_with_drafts
-from pipeline.decoding.models import IncompatiblePairError, ModelPair, load_model
-from pipeline.decoding.policies import Verdict, bild_verify, fallback, greedy_match_verify, speculative_verify
-from pipeline.decoding.runner import CachedDecoder
-from pipeline.decoding.sampling import RowSampler
+from __future__ import annotations
 
-__all__ = [
-    "METHODS",
-    "CachedDecoder",
-    "DecodeOutput",
-    "DecodeStats",
-    "DecodingConfig",
-    "GenerationResult",
-    "Generator",
-    "IncompatiblePairError",
-    "InputError",
-    "ModelPair",
-    "RowSampler",
-    "Verdict",
-    "bild_verify",
-    "decode_autoregressive",
-    "decode_with_drafts",
-    "fallback",
-    "greedy_match_verify",
-    "load_model",
-    "speculative_verify",
-]
+import importlib
+
+_EXPORTS = {
+    "METHODS": "config",
+    "DecodingConfig": "config",
+    "GenerationResult": "generator",
+    "Generator": "generator",
+    "InputError": "generator",
+    "DecodeOutput": "loop",
+    "DecodeStats": "loop",
+    "decode_autoregressive": "loop",
+    "decode_with_drafts": "loop",
+    "IncompatiblePairError": "models",
+    "ModelPair": "models",
+    "load_model": "models",
+    "Verdict": "policies",
+    "bild_verify": "policies",
+    "fallback": "policies",
+    "greedy_match_verify": "policies",
+    "speculative_verify": "policies",
+    "CachedDecoder": "runner",
+    "RowSampler": "sampling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline.decoding' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pipeline.decoding.{_EXPORTS[name]}"), name)

@@ -41,8 +41,8 @@ def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
-def read_records(input_config) -> "ray.data.Dataset":  # noqa: F821 - ray is imported lazily
-    """The job's input as a Ray dataset in the normal form of ``records.py``."""
+def read_records(input_config):
+    """The job's input as a Ray dataset (ray.data.Dataset) in the normal form of ``records.py``."""
     import ray.data
 
     cfg = input_config

@@ -120,11 +120,15 @@ _SECRET_KEY = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$
 REDACTED = "***"
 
 
+def is_secret_key(key: str) -> bool:
+    """Whether a config key (its last dotted part) names a secret."""
+    return bool(_SECRET_KEY.search(str(key).split(".")[-1]))
+
+
 def redact(value: Any) -> Any:
     """Replace the values of secret-looking keys anywhere in a nested structure."""
     if isinstance(value, dict):
-        return {k: (REDACTED if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v))
-                for k, v in value.items()}
+        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
