@@ -160,6 +160,41 @@ def run(job_file, overrides, address, as_json):
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
 
 
+@main.command()
+@click.argument("run_path")
+@click.option("--baseline", default=None, help="Another run of the same inputs (e.g. method: large) to compare with.")
+@click.option("--out", "out_dir", default=None, help="Where to write summary.json, report.md and plots "
+              "(default: RUN_PATH/report for a local run, else ./report).")
+@click.option("--task", type=click.Choice(["translation", "summarization"]), default=None,
+              help="Metric family (default: the run's job task).")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="fsspec option for reading the runs (credentials may also come from the environment).")
+@click.option("--address", default=None, help="Ray cluster to compute on (default: RAY_ADDRESS or a local Ray).")
+def report(run_path, baseline, out_dir, task, storage_options, address):
+    """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors."""
+    from pathlib import Path
+
+    from pipeline.jobs.load import parse_override
+    from pipeline.jobs.report import build_report, write_report
+    from pipeline.jobs.run import connect_ray
+
+    options = {}
+    for item in storage_options:
+        path, value = parse_override(item)
+        options[".".join(path)] = value
+    if out_dir is None:
+        out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"
+    connect_ray(address)
+    try:
+        summary, numeric = build_report(run_path, baseline=baseline, task=task, storage_options=options)
+    except FileNotFoundError as exc:
+        raise click.UsageError(str(exc)) from exc
+    for path in write_report(summary, numeric, out_dir):
+        click.echo(f"wrote {path}")
+    quality = {k: round(v, 2) for k, v in summary["quality"].items() if isinstance(v, float)}
+    click.echo(f"records {summary['records']['total']} (errors {summary['records']['errors']}), quality {quality}")
+
+
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)

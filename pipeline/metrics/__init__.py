@@ -1,0 +1,1 @@
+"""Per-row sufficient statistics and what is computed from their sums (no Ray here)."""

@@ -1,0 +1,101 @@
+"""`report`: metric values against sacrebleu / rouge-score computed directly, S3, missing references,
+errored rows, and a baseline comparison. Runs are written by hand so the expected values are known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sacrebleu
+from rouge_score import rouge_scorer
+
+from pipeline.io.storage import open_filesystem
+from pipeline.jobs.report import build_report, write_report
+from pipeline.stage import OUTPUT_SCHEMA
+
+pytestmark = pytest.mark.slow
+
+PREDICTIONS = ["A dog runs across the grass.", "Two men are playing football in a park.",
+               "A woman in a red hat reads a book.", "Children build a sand castle on the beach.",
+               "A man rides his bicycle through the city.", "The musicians play on stage."]
+REFERENCES = ["A dog is running over the meadow.", "Two men play soccer in the park.",
+              "A woman with a red hat is reading a book.", "Kids are building a sandcastle at the beach.",
+              "A man cycles through the town.", "Musicians are playing on a stage in front of a crowd."]
+
+
+def write_run(url, rows, task="translation", method="bild", storage_options=None, wall_seconds=2.0):
+    fs, path = open_filesystem(url, storage_options)
+    fs.makedirs(f"{path}/data", exist_ok=True)
+    full = [{**{name: None for name in OUTPUT_SCHEMA.names}, "method": method, "worker": "host:1",
+             "input_tokens": 5, "truncated": False, **row} for row in rows]
+    with fs.open(f"{path}/data/part-0.parquet", "wb") as handle:
+        pq.write_table(pa.Table.from_pylist(full, schema=OUTPUT_SCHEMA), handle)
+    manifest = {"job": {"name": "t", "task": task, "decoding": {"method": method}}, "config_hash": "abc",
+                "attempts": [{"summary": {"wall_seconds": wall_seconds}}]}
+    with fs.open(f"{path}/run.json", "w") as handle:
+        json.dump(manifest, handle)
+
+
+def ok_row(i, prediction, reference, latency=10.0, tokens=10, small=8):
+    return {"id": str(i), "prediction": prediction, "reference": reference, "latency_ms": latency,
+            "output_tokens": tokens, "small_tokens": small, "large_tokens": tokens - small, "fallbacks": 1,
+            "rollbacks": 1, "small_calls": 10, "large_calls": 2, "draft_tokens": small + 1}
+
+
+def test_translation_scores_equal_sacrebleu_with_missing_references_and_errors(ray_local, tmp_path):
+    rows = [ok_row(i, p, r) for i, (p, r) in enumerate(zip(PREDICTIONS, REFERENCES))]
+    rows.append(ok_row(6, "No reference here.", None))
+    rows.append({"id": "7", "error": "input text is empty", "reference": "Something."})
+    rows.append({"id": "8", "error": "RuntimeError: CUDA out of memory", "reference": "Else."})
+    write_run(tmp_path / "run", rows)
+    summary, numeric = build_report(str(tmp_path / "run"))
+    assert summary["quality"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(PREDICTIONS, [REFERENCES]).score)
+    assert summary["quality"]["chrf"] == pytest.approx(sacrebleu.corpus_chrf(PREDICTIONS, [REFERENCES]).score)
+    assert summary["quality"]["rows_scored"] == 6 and summary["quality"]["rows_without_reference"] == 1
+    assert summary["records"] == {"total": 9, "ok": 7, "errors": 2, "with_reference": 8}
+    assert summary["errors"]["by_kind"]["RuntimeError"]["count"] == 1
+    assert summary["bild"]["small_token_share"] == pytest.approx(0.8)
+    assert summary["bild"]["discarded_per_100_tokens"] == pytest.approx(10.0)
+    assert summary["throughput"]["records_per_s"] == pytest.approx(9 / 2.0)
+    assert "nrefs:1" in summary["signatures"]["bleu"]
+    files = write_report(summary, numeric, tmp_path / "report")
+    assert {f.name for f in files} >= {"summary.json", "report.md", "latency.png"}
+    assert "bleu" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_summarization_scores_equal_rouge_score(ray_local, tmp_path):
+    rows = [ok_row(i, p + " It was sunny.", r + " The sun shone.") for i, (p, r) in
+            enumerate(zip(PREDICTIONS, REFERENCES))]
+    write_run(tmp_path / "run", rows, task="summarization")
+    summary, _ = build_report(str(tmp_path / "run"))
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"], use_stemmer=True)
+    for name in ("rouge1", "rouge2", "rougeL"):
+        expected = np.mean([100 * scorer.score(r["reference"], r["prediction"])[name].fmeasure for r in rows])
+        assert summary["quality"][name] == pytest.approx(expected)
+    lsum = np.mean([100 * scorer.score(r["reference"].replace(". ", ".\n"),
+                                       r["prediction"].replace(". ", ".\n"))["rougeLsum"].fmeasure for r in rows])
+    assert summary["quality"]["rougeLsum"] == pytest.approx(lsum)
+
+
+def test_report_of_a_run_in_s3_against_a_baseline(ray_local, s3_server, tmp_path):
+    import s3fs
+
+    s3fs.S3FileSystem(**s3_server).mkdir("reports")
+    base = [ok_row(i, r, r, latency=30.0, small=0) for i, r in enumerate(REFERENCES)]
+    run = [ok_row(i, PREDICTIONS[i] if i < 2 else REFERENCES[i], REFERENCES[i], latency=10.0)
+           for i in range(len(REFERENCES))]
+    write_run("s3://reports/base", base, method="large", storage_options=s3_server, wall_seconds=6.0)
+    write_run("s3://reports/run", run, storage_options=s3_server, wall_seconds=2.0)
+    summary, _ = build_report("s3://reports/run", baseline="s3://reports/base", storage_options=s3_server)
+    comparison = summary["baseline"]
+    assert comparison["rows_compared"] == 6
+    assert comparison["exact_match_rate"] == pytest.approx(4 / 6)
+    assert comparison["latency_speedup"] == pytest.approx(3.0)
+    assert comparison["throughput_speedup"] == pytest.approx(3.0)
+    run_predictions = [r["prediction"] for r in run]
+    assert comparison["bleu_vs_baseline"] == pytest.approx(sacrebleu.corpus_bleu(run_predictions, [REFERENCES]).score)
+    assert comparison["quality_delta"]["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(run_predictions, [REFERENCES]).score - 100.0)
