@@ -195,6 +195,72 @@ def report(run_path, baseline, out_dir, task, storage_options, address):
     click.echo(f"records {summary['records']['total']} (errors {summary['records']['errors']}), quality {quality}")
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
+
+
+@main.command()
+@click.argument("job_file", type=click.Path())
+@click.option("--fallback", default="0.2,0.4,0.6", show_default=True, help="alpha_FB values, comma-separated.")
+@click.option("--rollback", default="2,3,5", show_default=True, help="alpha_RB values, comma-separated.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key.")
+@click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
+              "for a local output, else ./sweep).")
+@click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
+def sweep(job_file, fallback, rollback, overrides, out_dir, address):
+    """Run JOB_FILE over a fallback x rollback grid plus `large` and `small`, and map latency vs quality."""
+    from pathlib import Path
+
+    from pipeline.io.storage import InputError
+    from pipeline.jobs import JobFileError, load_job
+    from pipeline.jobs.run import OutputExistsError
+    from pipeline.jobs.sweep import run_sweep, write_sweep
+
+    try:
+        job = load_job(job_file, overrides)
+    except JobFileError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    try:
+        summary, table = run_sweep(job, _floats(fallback), _floats(rollback), address=address)
+    except (InputError, OutputExistsError) as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(2)
+    if out_dir is None:
+        out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
+    for path in write_sweep(table, job.task, out_dir, job.name):
+        click.echo(f"wrote {path}")
+    click.echo(summary.to_text())
+
+
+@main.command()
+@click.argument("sweep_json", type=click.Path(exists=True, dir_okay=False))
+@click.option("--max-drop", type=float, default=0.5, show_default=True,
+              help="Quality budget: at most this far below `large` on the sweep's metric.")
+@click.option("--metric", default=None, help="Metric to budget (default: the sweep's, bleu or rougeL).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
+              help="Decoding preset to write, e.g. configs/decoding/demo_tuned.yaml.")
+def tune(sweep_json, max_drop, metric, out_file):
+    """Pick the fastest sweep point within a quality budget and write it as a decoding preset."""
+    from pathlib import Path
+
+    from pipeline.jobs.sweep import pick_point, preset_yaml
+
+    data = json.loads(Path(sweep_json).read_text())
+    metric = metric or data["metric"]
+    try:
+        point = pick_point(data["points"], metric, max_drop)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    Path(out_file).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_file).write_text(preset_yaml(point, metric, max_drop, sweep_json))
+    click.echo(f"{point['point']}: {metric} {point[metric]:.2f}, speedup {point.get('speedup_vs_large') or 0:.2f}x "
+               f"-> {out_file}")
+
+
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)

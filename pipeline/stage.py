@@ -40,9 +40,17 @@ OUTPUT_SCHEMA = pa.schema(
 )
 
 
+SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
+
+
 @dataclass(frozen=True)
 class DecodeStageSpec:
-    """Everything an actor needs, as plain data (it is shipped to every actor)."""
+    """Everything an actor needs, as plain data (it is shipped to every actor).
+
+    ``points`` are the named decoding configurations to run on every record: one for a job,
+    the whole grid for a sweep (so the loaded pair is reused across grid points, and all points
+    of a record are timed side by side on the same actor).
+    """
 
     small: str
     large: str
@@ -50,11 +58,12 @@ class DecodeStageSpec:
     dtype: str
     device: str
     trust_remote_code: bool
-    decoding: DecodingConfig
+    points: tuple[tuple[str, DecodingConfig], ...]
     prompt: str | None
     job_name: str
     config_hash: str
     torch_threads: int = 1
+    sweep: bool = False  # adds the `point` column
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -63,11 +72,12 @@ def record_seed(base_seed: int, record_id: str) -> int:
 
 
 class DecodeStage:
-    def __init__(self, spec: DecodeStageSpec):
+    def __init__(self, spec: DecodeStageSpec, done_points: dict[str, list[str]] | None = None):
         import torch
 
         torch.set_num_threads(max(1, spec.torch_threads))
         self.spec = spec
+        self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
         self.pair = ModelPair.from_pretrained(
             spec.small,
             spec.large,
@@ -76,23 +86,30 @@ class DecodeStage:
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
         )
-        self.generator = Generator(self.pair, spec.decoding)
+        self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
+        self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        self.generator.generate_one("warm up")  # first-call set-up must not count as a record's latency
+        for _, generator in self.generators:  # first-call set-up must not count as a record's latency
+            generator.generate_one("warm up")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = [self._decode_row(row) for row in batch.to_pylist()]
-        return pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA)
+        rows = []
+        for row in batch.to_pylist():
+            done = self.done_points.get(row["id"], ())
+            rows.extend(self._decode_row(row, name, generator) for name, generator in self.generators
+                        if name not in done)
+        return pa.Table.from_pylist(rows, schema=self.schema)
 
-    def _decode_row(self, row: dict) -> dict:
+    def _decode_row(self, row: dict, point: str, generator: Generator) -> dict:
+        config = generator.config
         if row.get("input_error"):
-            result = GenerationResult(prediction=None, error=row["input_error"], method=self.spec.decoding.method)
+            result = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
         else:
             text = row["text"]
             if self.spec.prompt and isinstance(text, str) and text.strip():
                 text = self.spec.prompt.format(text=text)
-            result = self.generator.generate_one(text, seed=record_seed(self.spec.decoding.seed, row["id"]))
-        return {
+            result = generator.generate_one(text, seed=record_seed(config.seed, row["id"]))
+        out = {
             "id": row["id"],
             "reference": row.get("reference"),
             **result.to_record(),
@@ -100,3 +117,6 @@ class DecodeStage:
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
         }
+        if self.spec.sweep:
+            out["point"] = point
+        return out

@@ -114,20 +114,20 @@ def output_files(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
     return sorted(p for p in fs.find(data) if p.endswith(".parquet"))
 
 
-def existing_ids(fs: fsspec.AbstractFileSystem, path: str) -> set[str]:
-    """Ids already written under an output path. A file that cannot be read (a write cut off by a
-    crash) is removed, so its records are decoded again rather than lost or duplicated."""
-    done: set[str] = set()
+def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) -> pa.Table:
+    """Some columns of every row already written under an output path. A file that cannot be read
+    (a write cut off by a crash) is removed, so its records are decoded again, never lost or doubled."""
+    tables = []
     for file in output_files(fs, path):
         try:
             with fs.open(file, "rb") as handle:
-                table = pq.read_table(handle, columns=["id"])
+                tables.append(pq.read_table(handle, columns=columns))
         except Exception as exc:  # noqa: BLE001 - any unreadable file is an incomplete write
             log.warning("removing unreadable output file %s (%s); its records will be decoded again", file, exc)
             fs.rm(file)
-            continue
-        done.update(table.column("id").to_pylist())
-    return done
+    if not tables:
+        return pa.table({column: pa.array([], pa.string()) for column in columns})
+    return pa.concat_tables(tables)
 
 
 def read_output_table(url: str, storage_options: dict | None = None, columns: list[str] | None = None) -> pa.Table:

@@ -24,7 +24,7 @@ from pipeline.io.storage import (
     arrow_filesystem,
     check_ids,
     data_path,
-    existing_ids,
+    existing_rows,
     open_filesystem,
     output_files,
     read_manifest,
@@ -32,6 +32,7 @@ from pipeline.io.storage import (
     read_records,
     write_manifest,
 )
+from pipeline.decoding.config import DecodingConfig
 from pipeline.jobs.schema import JobConfig
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
@@ -114,7 +115,10 @@ def connect_ray(address: str | None = None) -> None:
         ray.init(address=target, logging_level=logging.WARNING)
 
 
-def _stage_spec(job: JobConfig) -> DecodeStageSpec:
+Points = tuple[tuple[str, DecodingConfig], ...]
+
+
+def _stage_spec(job: JobConfig, points: Points, sweep: bool) -> DecodeStageSpec:
     models = job.models
     return DecodeStageSpec(
         small=models.small,
@@ -123,11 +127,12 @@ def _stage_spec(job: JobConfig) -> DecodeStageSpec:
         dtype=models.dtype,
         device=models.device,
         trust_remote_code=models.trust_remote_code,
-        decoding=job.decoding.to_config(),
+        points=points,
         prompt=job.prompt,
         job_name=job.name,
         config_hash=job.config_hash(),
         torch_threads=max(1, int(job.compute.cpus_per_actor)),
+        sweep=sweep,
     )
 
 
@@ -138,14 +143,14 @@ def _keep_ids(dataset, wanted: pa.Array):
     return dataset.map_batches(keep, batch_format="pyarrow")
 
 
-def decode_dataset(records, job: JobConfig):
+def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: dict | None = None):
     """The decode stage over a dataset of normal-form records (lazy)."""
     import ray.data
 
     compute = job.compute
     return records.map_batches(
         DecodeStage,
-        fn_constructor_args=(_stage_spec(job),),
+        fn_constructor_args=(spec, done_points),
         batch_size=compute.batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=compute.actors),
@@ -155,7 +160,29 @@ def decode_dataset(records, job: JobConfig):
     )
 
 
-def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
+def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None):
+    """(ids still to decode, {id: points already done} for partly done ids).
+
+    A job's record is done when its id is in the output; a sweep's when every point of it is."""
+    if point_names is None:
+        done = existing_rows(fs, path, ["id"])["id"]
+        return pc.filter(ids, pc.invert(pc.is_in(ids, value_set=done.unique()))), {}
+    pairs = existing_rows(fs, path, ["id", "point"]).to_pylist()
+    by_id: dict[str, set[str]] = {}
+    for pair in pairs:
+        if pair["point"] in point_names:
+            by_id.setdefault(pair["id"], set()).add(pair["point"])
+    complete = pa.array([i for i, done in by_id.items() if len(done) == len(point_names)], pa.string())
+    todo = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=complete)))
+    partial = {i: sorted(done) for i, done in by_id.items() if len(done) < len(point_names)}
+    return todo, partial
+
+
+def run_job(job: JobConfig, address: str | None = None, *, points: Points | None = None) -> RunSummary:
+    """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
+    under every point by the same actor and the output rows carry a ``point`` column."""
+    sweep = points is not None
+    points = points or ((job.decoding.method, job.decoding.to_config()),)
     out_fs, out_path = open_filesystem(job.output.path, job.output.storage_options)
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
@@ -164,14 +191,12 @@ def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
 
     connect_ray(address)
     records = read_records(job.input)
-    all_ids = check_ids(records)
+    all_ids = check_ids(records).combine_chunks()
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
-    done = existing_ids(out_fs, out_path) if job.output.mode == "resume" else set()
-    if done:
-        ids_done = pc.is_in(ids, value_set=pa.array(sorted(done), pa.string()))
-        todo = pc.filter(ids, pc.invert(ids_done)).combine_chunks()
+    if job.output.mode == "resume":
+        todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None)
     else:
-        todo = ids.combine_chunks()
+        todo, partial = ids, {}
 
     previous = read_manifest(out_fs, out_path) or {}
     attempt = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(), "to_decode": len(todo)}
@@ -183,6 +208,8 @@ def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
         "cluster": _cluster_info(),
         "attempts": [*previous.get("attempts", []), attempt],
     }
+    if sweep:
+        manifest["sweep_points"] = {name: config.to_dict() for name, config in points}
     write_manifest(out_fs, out_path, manifest)
 
     started = time.perf_counter()
@@ -193,7 +220,8 @@ def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
             # block) and flush output regularly; a block never exceeds output.rows_per_file.
             block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
             selected = selected.repartition(target_num_rows_per_block=block_rows)
-            decode_dataset(selected, job).write_parquet(
+            spec = _stage_spec(job, points, sweep)
+            decode_dataset(selected, job, spec, partial).write_parquet(
                 data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
             )
     except BaseException as exc:
@@ -203,14 +231,14 @@ def run_job(job: JobConfig, address: str | None = None) -> RunSummary:
         raise
     wall = time.perf_counter() - started
 
-    summary = summarize(job, out_fs, out_path, records_in_input=len(ids), decoded=todo, wall_seconds=wall)
+    summary = summarize(job, records_in_input=len(ids), decoded=todo, wall_seconds=wall)
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)
     return summary
 
 
-def summarize(job: JobConfig, fs, path: str, *, records_in_input: int, decoded: pa.Array, wall_seconds: float):
+def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float) -> RunSummary:
     table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
     now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
     tokens = int(pc.sum(now["output_tokens"]).as_py() or 0) if now.num_rows else 0
@@ -222,8 +250,8 @@ def summarize(job: JobConfig, fs, path: str, *, records_in_input: int, decoded: 
         job_name=job.name,
         output_path=job.output.path,
         records_in_input=records_in_input,
-        records_in_output=table.num_rows,
-        decoded_now=now.num_rows,
+        records_in_output=pc.count_distinct(table["id"]).as_py() if table.num_rows else 0,
+        decoded_now=pc.count_distinct(now["id"]).as_py() if now.num_rows else 0,
         skipped_existing=records_in_input - len(decoded),
         errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
         output_tokens_now=tokens,

@@ -1,0 +1,143 @@
+"""`bild-pipeline sweep` and `tune`: the latency-quality trade-off over BiLD's two thresholds.
+
+A sweep is a job whose every record is decoded under every grid point (plus the `large` and
+`small` baselines) by the same actor, one loaded pair for the whole grid, so that latencies are
+measured side by side. Each point is then scored like a run; the Pareto front (lower latency,
+higher quality) is marked, and `tune` picks the fastest point within a quality budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from pipeline.decoding.config import DecodingConfig
+from pipeline.jobs.report import _row_stats, _scorable, _stat_names, read_run
+from pipeline.jobs.run import Points, run_job
+from pipeline.jobs.schema import JobConfig
+from pipeline.metrics import quality as q
+from pipeline.metrics.summary import bild_behaviour
+
+PRIMARY_METRIC = {"translation": "bleu", "summarization": "rougeL"}
+
+
+def grid_points(base: DecodingConfig, fallbacks: list[float], rollbacks: list[float]) -> Points:
+    """`large`, `small`, then one `bild` point per (fallback, rollback) pair, named after them."""
+    points = [("large", dataclasses.replace(base, method="large")),
+              ("small", dataclasses.replace(base, method="small"))]
+    for fallback in fallbacks:
+        for rollback in rollbacks:
+            name = f"bild_fb{fallback:g}_rb{rollback:g}"
+            points.append((name, dataclasses.replace(base, method="bild", fallback_threshold=fallback,
+                                                      rollback_threshold=rollback)))
+    return tuple(points)
+
+
+def pareto_flags(points: list[dict], metric: str) -> list[bool]:
+    """True for points no other point beats: latency <= and quality >= with one of them strict."""
+    flags = []
+    for p in points:
+        dominated = any(
+            o["latency_ms"] <= p["latency_ms"] and o[metric] >= p[metric]
+            and (o["latency_ms"] < p["latency_ms"] or o[metric] > p[metric])
+            for o in points if o is not p
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def score_points(run_path: str, task: str, storage_options: dict | None = None) -> list[dict]:
+    """One row per sweep point: quality, mean latency, speedup over `large`, BiLD rates."""
+    dataset, manifest = read_run(run_path, storage_options)
+    names = _stat_names(task)
+
+    def stats_with_point(batch: pa.Table) -> pa.Table:
+        kept = batch.filter(pc.and_(pc.is_null(batch["error"]),
+                                    pc.and_(pc.is_valid(batch["prediction"]), pc.is_valid(batch["reference"]))))
+        stats = _row_stats(_scorable(kept, "prediction", "reference"), task)
+        return stats.append_column("point", kept["point"])
+
+    grouped = (dataset.map_batches(stats_with_point, batch_format="pyarrow")
+               .groupby("point").sum(names + ["rows"]).take_all())
+    quality_by_point = {}
+    for row in grouped:
+        sums = {name: [row.get(f"sum({name}_{i})") or 0.0 for i in range(width)]
+                for name, width in q.stat_columns(task).items()}
+        quality_by_point[row["point"]] = q.corpus_scores(task, {k: np.asarray(v) for k, v in sums.items()},
+                                                         int(row.get("sum(rows)") or 0))
+
+    numeric = pa.concat_tables(list(dataset.select_columns(
+        ["point", "error", "latency_ms", "output_tokens", "small_tokens", "large_tokens", "fallbacks",
+         "rollbacks", "small_calls", "large_calls", "draft_tokens"]).iter_batches(batch_format="pyarrow")))
+    ok = numeric.filter(pc.is_null(numeric["error"]))
+    table = []
+    for name in (manifest or {}).get("sweep_points", {}) or sorted(set(ok["point"].to_pylist())):
+        rows = ok.filter(pc.equal(ok["point"], name))
+        if not rows.num_rows:
+            continue
+        table.append({"point": name, "records": rows.num_rows,
+                      "latency_ms": pc.mean(rows["latency_ms"]).as_py(),
+                      **(manifest or {}).get("sweep_points", {}).get(name, {}),
+                      **quality_by_point.get(name, {}), **bild_behaviour(rows)})
+    large = next((p for p in table if p["point"] == "large"), None)
+    for point in table:
+        point["speedup_vs_large"] = large["latency_ms"] / point["latency_ms"] if large else None
+    metric = PRIMARY_METRIC[task]
+    if all(metric in p for p in table):
+        for point, flag in zip(table, pareto_flags(table, metric)):
+            point["pareto"] = flag
+    return table
+
+
+def run_sweep(job: JobConfig, fallbacks: list[float], rollbacks: list[float], address: str | None = None):
+    points = grid_points(job.decoding.to_config(), fallbacks, rollbacks)
+    summary = run_job(job, address=address, points=points)
+    table = score_points(job.output.path, job.task, job.output.storage_options)
+    return summary, table
+
+
+def write_sweep(table: list[dict], task: str, out_dir: str | Path, title: str) -> list[Path]:
+    from pipeline.metrics import plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metric = PRIMARY_METRIC[task]
+    (out / "sweep.json").write_text(json.dumps({"task": task, "metric": metric, "points": table}, indent=2,
+                                               default=str))
+    columns = ["point", metric, "latency_ms", "speedup_vs_large", "small_token_share", "fallbacks_per_100_tokens",
+               "rollbacks_per_100_tokens", "pareto"]
+    lines = [f"# Sweep: {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for point in table:
+        cells = [f"{point.get(c):.3f}" if isinstance(point.get(c), float) else str(point.get(c, "")) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    made = [out / "sweep.json", out / "sweep.md"]
+    if table and all(metric in p and "pareto" in p for p in table):
+        made.append(plots.latency_quality(table, metric, out / "sweep.png", f"{title}: latency vs {metric}"))
+        lines += ["", "![latency vs quality](sweep.png)"]
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    return made
+
+
+def pick_point(table: list[dict], metric: str, max_drop: float) -> dict:
+    """The fastest point whose quality is at most `max_drop` below the `large` baseline's."""
+    large = next((p for p in table if p["point"] == "large"), None)
+    if large is None or metric not in large:
+        raise ValueError(f"the sweep has no scored `large` point for {metric}")
+    allowed = [p for p in table if p.get(metric) is not None and p[metric] >= large[metric] - max_drop]
+    return min(allowed, key=lambda p: p["latency_ms"])
+
+
+def preset_yaml(point: dict, metric: str, max_drop: float, source: str) -> str:
+    decoding = {key: point[key] for key in ("method", "fallback_threshold", "rollback_threshold", "max_draft_tokens")
+                if key in point}
+    header = (f"# Chosen by `bild-pipeline tune` from {source}: the fastest point with {metric} at most "
+              f"{max_drop:g} below `large`.\n# {point['point']}: {metric} {point[metric]:.2f}, "
+              f"latency {point['latency_ms']:.1f} ms, speedup {point.get('speedup_vs_large') or 0:.2f}x.\n")
+    return header + yaml.safe_dump({"decoding": decoding}, sort_keys=False)
+
