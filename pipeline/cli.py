@@ -135,6 +135,29 @@ def validate(job_files, overrides):
     sys.exit(2 if bad else 0)
 
 
+def _load_job_or_exit(job_file: str, overrides):
+    """The validated job, or its problems on stderr and exit code 2."""
+    from pipeline.jobs import JobFileError, load_job
+
+    try:
+        return load_job(job_file, overrides)
+    except JobFileError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
+def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
+    """Run func; input that cannot be used at all (duplicate ids, existing output) exits with code 2."""
+    from pipeline.io.storage import InputError
+    from pipeline.jobs.run import OutputExistsError
+
+    try:
+        return func(*args, **kwargs)
+    except (InputError, OutputExistsError) as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(2)
+
+
 @main.command()
 @click.argument("job_file", type=click.Path())
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key.")
@@ -143,20 +166,10 @@ def validate(job_files, overrides):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run(job_file, overrides, address, as_json):
     """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
-    from pipeline.io.storage import InputError
-    from pipeline.jobs import JobFileError, load_job
-    from pipeline.jobs.run import OutputExistsError, run_job
+    from pipeline.jobs.run import run_job
 
-    try:
-        job = load_job(job_file, overrides)
-    except JobFileError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-    try:
-        summary = run_job(job, address=address)
-    except (InputError, OutputExistsError) as exc:
-        click.echo(f"{job_file}: {exc}", err=True)
-        sys.exit(2)
+    job = _load_job_or_exit(job_file, overrides)
+    summary = _exit_2_on_bad_input(job_file, run_job, job, address=address)
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
 
 
@@ -214,21 +227,11 @@ def sweep(job_file, fallback, rollback, overrides, out_dir, address):
     """Run JOB_FILE over a fallback x rollback grid plus `large` and `small`, and map latency vs quality."""
     from pathlib import Path
 
-    from pipeline.io.storage import InputError
-    from pipeline.jobs import JobFileError, load_job
-    from pipeline.jobs.run import OutputExistsError
     from pipeline.jobs.sweep import run_sweep, write_sweep
 
-    try:
-        job = load_job(job_file, overrides)
-    except JobFileError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-    try:
-        summary, table = run_sweep(job, _floats(fallback), _floats(rollback), address=address)
-    except (InputError, OutputExistsError) as exc:
-        click.echo(f"{job_file}: {exc}", err=True)
-        sys.exit(2)
+    job = _load_job_or_exit(job_file, overrides)
+    summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
+                                          address=address)
     if out_dir is None:
         out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
     for path in write_sweep(table, job.task, out_dir, job.name):

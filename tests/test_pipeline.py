@@ -167,6 +167,16 @@ def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pai
     assert [a["to_decode"] for a in manifest["attempts"]] == [5, 7]
 
 
+def _readable_rows(data_dir: Path) -> int:
+    rows = 0
+    for file in data_dir.glob("*.parquet"):
+        try:
+            rows += pq.read_metadata(file).num_rows
+        except Exception:  # noqa: BLE001 - torn by the kill: the rerun removes it
+            pass
+    return rows
+
+
 def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     """Kill a running `bild-pipeline run` once some output exists, add a torn file, rerun."""
     ids = write_shards(str(tmp_path / "in"), 64, 16)
@@ -179,12 +189,12 @@ def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     data_dir = tmp_path / "out" / "data"
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # Ray start-up and model loading are slow on a loaded 2-core machine
     while time.time() < deadline and not (data_dir.exists() and any(data_dir.glob("*.parquet"))):
         time.sleep(0.2)
     os.killpg(process.pid, signal.SIGKILL)  # the whole job: driver, its embedded Ray, the workers
     process.wait()
-    written = read_output_table(str(tmp_path / "out")).num_rows
+    written = _readable_rows(data_dir)  # a write cut off by the kill may have left a torn file
     assert 0 < written < len(ids), f"the job should have been interrupted part-way ({written} rows)"
     (data_dir / "torn-write.parquet").write_bytes(b"PAR1 cut off")  # a file whose write was cut off
 

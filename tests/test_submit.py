@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from pipeline import submit as sub
@@ -122,7 +123,8 @@ def test_stage_package_leaves_out_the_venv_and_carries_the_job_file(tmp_path):
 
     assert _files(package.directory) == {"pipeline/__init__.py", "pipeline/cli.py", "README.md", "_bild_job/job.yaml"}
     assert package.job_file == "_bild_job/job.yaml"
-    assert (package.directory / package.job_file).read_text() == job.read_text()
+    # The staged job is the job with its presets merged in (this one has none): the same content.
+    assert yaml.safe_load((package.directory / package.job_file).read_text()) == yaml.safe_load(job.read_text())
     runtime_env = sub.runtime_env_for(package, {"HF_HUB_OFFLINE": "1"})
     assert runtime_env["working_dir"] == str(package.directory)
     assert ".venv/" in runtime_env["excludes"] and ".git/" in runtime_env["excludes"]
@@ -451,3 +453,16 @@ def test_submit_a_real_job_to_a_token_authenticated_cluster(ray_cluster, tmp_pat
 
     for output in outputs:
         assert token not in output
+
+
+def test_staged_job_carries_its_presets(tmp_path):
+    """The cluster may not have configs/: the staged job file has its presets merged in."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "fast.yaml").write_text("decoding: {fallback_threshold: 0.2, rollback_threshold: 6}\n")
+    (tmp_path / "jobs").mkdir()
+    job = _write_job(tmp_path / "jobs" / "job.yaml")
+    data = yaml.safe_load(job.read_text())
+    job.write_text(yaml.safe_dump({"presets": ["../configs/fast.yaml"], **data}))
+    package = sub.stage_package(job, tmp_path / "staged", working_dir=tmp_path / "jobs")
+    staged = yaml.safe_load((package.directory / package.job_file).read_text())
+    assert "presets" not in staged and staged["decoding"]["rollback_threshold"] == 6

@@ -1,4 +1,4 @@
-"""Reading job files: YAML, then ``--set key.path=value`` overrides, then validation."""
+"""Reading job files: YAML, its ``presets:`` underneath, ``--set key.path=value`` on top, then validation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from pipeline.jobs.presets import merge_presets
 from pipeline.jobs.schema import JobConfig
 
 
@@ -67,6 +68,7 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
         data = {}
     if not isinstance(data, dict):
         raise JobFileError(f"{source}: a job file must be a mapping of keys, got {type(data).__name__}")
+    data = merge_presets(data, Path(path))  # presets underneath, the job's own keys on top
     data = apply_overrides(data, overrides)
     try:
         return JobConfig.model_validate(data)
