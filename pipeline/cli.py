@@ -318,6 +318,60 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     click.echo(result.to_markdown())
 
 
+@main.command()
+@click.option("--small", default=None, help="Small model (default: a tiny random T5 pair built in memory).")
+@click.option("--large", default=None)
+@click.option("--source", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Inputs, one per line (e.g. test_2016_flickr.de).")
+@click.option("--reference", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="References, one per line, parallel to --source.")
+@click.option("--prompt", default=None, help='Template around each input, e.g. "summarize: {text}".')
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--repeats", type=int, default=2, show_default=True)
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--fallback-threshold", type=float, default=0.4, show_default=True)
+@click.option("--rollback-threshold", type=float, default=3.0, show_default=True)
+@click.option("--max-draft-tokens", type=int, default=10, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--threads", type=int, default=None, help="torch CPU threads.")
+@click.option("--projection/--no-projection", default=True, show_default=True,
+              help="Also project the speedup at T5-small/T5-large shapes (random weights, timed here).")
+@click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
+def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
+          rollback_threshold, max_draft_tokens, device, dtype, threads, projection, out_dir):
+    """BiLD vs large, small, speculative, HF generate and HF assisted generation, side by side (batch 1)."""
+    from pathlib import Path
+
+    import torch
+
+    from pipeline.benchmark import render_markdown, run_bench
+    from pipeline.decoding import ModelPair
+
+    if threads:
+        torch.set_num_threads(threads)
+    if small is None or large is None:
+        from pipeline.tiny import build_pair
+
+        small_model, large_model, tokenizer = build_pair("t5", small="noisy")
+        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"))
+    else:
+        pair = _load_pair(small, large, None, dtype, device, False)
+    texts = (Path(source).read_text(encoding="utf-8").splitlines() if source else list(_BENCH_TEXTS))[:limit]
+    references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
+    if prompt:
+        texts = [prompt.format(text=text) for text in texts]
+    config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
+                            rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
+    report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection)
+    markdown = render_markdown(report)
+    click.echo(markdown)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "bench.md").write_text(markdown + "\n")
+        (Path(out_dir) / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+
+
 @main.command("bench-pipeline")
 @click.option("--small", default=None, help="Small model folder (default: a tiny random T5 pair saved to a temp dir).")
 @click.option("--large", default=None)

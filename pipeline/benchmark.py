@@ -1,0 +1,308 @@
+"""`bild-pipeline bench`: BiLD against the large model, HF generate and HF assisted generation.
+
+Every method decodes the same inputs at batch size 1, greedy, with the same max_new_tokens, in
+one process; for each input the methods run back to back in a rotating order, and repetitions
+repeat that, so all ratios come from side-by-side measurements. A cost model then times single
+model steps on this hardware and predicts each method's time from its counted calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import sacrebleu
+import torch
+
+from pipeline.decoding import DecodingConfig, Generator, ModelPair
+from pipeline.decoding.loop import DecodeStats
+from pipeline.decoding.runner import CachedDecoder
+
+OURS = ("large", "small", "bild", "speculative")
+HF = ("hf_generate", "hf_assisted", "hf_assisted_confidence")
+
+
+@dataclass
+class MethodRun:
+    name: str
+    seconds: list[float] = field(default_factory=list)  # per record, all repetitions
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # input index -> generated ids
+    stats: DecodeStats = field(default_factory=DecodeStats)  # summed over the last repetition
+
+    def add_stats(self, stats: DecodeStats) -> None:
+        for key, value in stats.to_dict().items():
+            setattr(self.stats, key, getattr(self.stats, key) + value)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _hf_cache_workaround(*models):
+    """transformers sizes a T5 decoder cache by the *encoder* depth (num_layers), which breaks
+    generate() for pairs whose decoder depth differs; for HF's own runs, let it see the decoder's."""
+    saved = []
+    for model in models:
+        config = model.config
+        if getattr(config, "num_decoder_layers", None) not in (None, getattr(config, "num_layers", None)):
+            saved.append((config, config.num_layers))
+            config.num_layers = config.num_decoder_layers
+    try:
+        yield
+    finally:
+        for config, layers in saved:
+            config.num_layers = layers
+
+
+def _hf_run(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, assistant=None,
+            confidence: float | None = None) -> list[int]:
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                  attention_mask=torch.ones_like(input_ids))
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+        if confidence is not None:
+            kwargs["assistant_confidence_threshold"] = confidence
+    with torch.inference_mode(), _hf_cache_workaround(pair.large, pair.small):
+        out = pair.large.generate(input_ids, **kwargs)
+    start = 1 if pair.is_encoder_decoder else input_ids.shape[1]
+    return out[0, start:].tolist()
+
+
+def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int,
+                methods: tuple[str, ...] = OURS + HF) -> dict[str, MethodRun]:
+    generators = {name: Generator(pair, dataclasses.replace(bild, method=name, do_sample=False))
+                  for name in OURS if name in methods}
+    encoded = [Generator(pair, bild).encode(text)[0].to(pair.device) for text in texts]
+    runs = {name: MethodRun(name) for name in methods}
+    for name, generator in generators.items():  # warm-up outside the measurements
+        generator.decode_ids(encoded[0])
+    for repeat in range(repeats):
+        last = repeat == repeats - 1
+        for index, input_ids in enumerate(encoded):
+            order = methods[index % len(methods):] + methods[: index % len(methods)]  # rotate
+            for name in order:
+                _sync(pair.device)
+                start = time.perf_counter()
+                if name in generators:
+                    output = generators[name].decode_ids(input_ids)
+                    tokens = output.tokens
+                elif name == "hf_generate":
+                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens)
+                elif name == "hf_assisted":
+                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens, assistant=pair.small)
+                else:
+                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens, assistant=pair.small,
+                                     confidence=bild.fallback_threshold)
+                _sync(pair.device)
+                runs[name].seconds.append(time.perf_counter() - start)
+                if last:
+                    runs[name].tokens[index] = tokens
+                    if name in generators:
+                        runs[name].add_stats(output.stats)
+    return runs
+
+
+def summarize_methods(pair: ModelPair, runs: dict[str, MethodRun], references: list[str] | None) -> list[dict]:
+    large = runs.get("large")
+    rows = []
+    for name, run in runs.items():
+        tokens = sum(len(t) for t in run.tokens.values())
+        per_rep_tokens = tokens
+        seconds = np.asarray(run.seconds)
+        repeats = len(seconds) // max(len(run.tokens), 1)
+        texts = [pair.tokenizer.decode(run.tokens[i], skip_special_tokens=True) for i in sorted(run.tokens)]
+        row = {
+            "method": name,
+            "tokens_per_s": per_rep_tokens * repeats / seconds.sum(),
+            "mean_latency_ms": 1000 * seconds.mean(),
+            "p90_latency_ms": 1000 * float(np.percentile(seconds, 90)),
+            "output_tokens": tokens,
+        }
+        if references:
+            row["bleu"] = sacrebleu.corpus_bleu(texts, [references[: len(texts)]]).score
+        if large is not None:
+            same = sum(_same_output(run.tokens[i], large.tokens[i], pair.eos_token_ids) for i in run.tokens)
+            row["exact_match_with_large"] = same / len(run.tokens)
+            row["speedup_vs_large"] = float(np.sum(large.seconds) / seconds.sum())
+        if name in OURS and run.stats.output_tokens:
+            s = run.stats
+            row.update(small_token_share=s.small_tokens / s.output_tokens,
+                       fallbacks_per_100_tokens=100 * s.fallbacks / s.output_tokens,
+                       rollbacks_per_100_tokens=100 * s.rollbacks / s.output_tokens,
+                       small_calls=s.small_calls, large_calls=s.large_calls)
+        rows.append(row)
+    return rows
+
+
+def _same_output(a: list[int], b: list[int], eos: frozenset[int]) -> bool:
+    """Equal token ids, ignoring what HF pads after EOS."""
+    def cut(tokens):
+        for i, t in enumerate(tokens):
+            if t in eos:
+                return tokens[: i + 1]
+        return tokens
+    return cut(a) == cut(b)
+
+
+# --- cost model --------------------------------------------------------------------------------------
+
+
+def time_step(model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_decoder: bool, width: int,
+              context: int = 16, reps: int = 20) -> float:
+    """Median seconds of one decoder forward feeding `width` new tokens after `context` cached ones."""
+    device = input_ids.device
+    encoded = None
+    if is_encoder_decoder:
+        with torch.inference_mode():
+            encoded = model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+    base = torch.cat([prefix, torch.full((1, context + width), 5, dtype=torch.long, device=device)], dim=1)
+    times = []
+    for _ in range(reps):
+        runner = CachedDecoder(model, encoded, torch.ones_like(input_ids) if encoded is not None else None)
+        runner.forward(base[:, : prefix.shape[1] + context])
+        _sync(device)
+        start = time.perf_counter()
+        runner.forward(base)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cost_model(pair: ModelPair, text: str, max_width: int) -> dict:
+    input_ids, _ = Generator(pair, DecodingConfig()).encode(text)
+    input_ids = input_ids.to(pair.device)
+    _, _, prefix = pair.runners(input_ids, small=False, large=False)
+    step = {
+        "small": time_step(pair.small, input_ids, prefix, pair.is_encoder_decoder, 1),
+        "large": time_step(pair.large, input_ids, prefix, pair.is_encoder_decoder, 1),
+    }
+    verify = {k: time_step(pair.large, input_ids, prefix, pair.is_encoder_decoder, k) for k in range(1, max_width + 2)}
+    return {"small_step_s": step["small"], "large_step_s": step["large"], "large_verify_s": verify,
+            "cost_ratio_large_over_small": step["large"] / step["small"]}
+
+
+def predict_seconds(stats: DecodeStats, cost: dict) -> float:
+    """Decoder time a method's counted calls should take (encoders excluded)."""
+    verify = cost["large_verify_s"]
+    if stats.large_calls:
+        width = (stats.draft_tokens + stats.large_tokens) / stats.large_calls  # tokens fed per large call
+        low, high = int(np.floor(width)), int(np.ceil(width))
+        low, high = min(max(low, 1), max(verify)), min(max(high, 1), max(verify))
+        per_call = verify[low] + (verify[high] - verify[low]) * (width - low)
+    else:
+        per_call = 0.0
+    return stats.small_calls * cost["small_step_s"] + stats.large_calls * per_call
+
+
+def encoder_seconds(pair: ModelPair, input_ids: torch.Tensor, models: tuple[str, ...]) -> float:
+    if not pair.is_encoder_decoder:
+        return 0.0
+    total = 0.0
+    for name in models:
+        model = getattr(pair, name)
+        times = []
+        for _ in range(5):
+            _sync(pair.device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+            _sync(pair.device)
+            times.append(time.perf_counter() - start)
+        total += statistics.median(times)
+    return total
+
+
+# --- the whole benchmark ------------------------------------------------------------------------------
+
+
+PAPER_SHAPES = {  # T5 v1.0 shapes (architecture only, random weights)
+    "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8, d_kv=64),
+    "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_decoder_layers=24, num_heads=16, d_kv=64),
+}
+
+
+def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device: torch.device) -> dict:
+    """Time T5-small/T5-large-shaped steps here and apply the demo pair's call counts to them."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    models = {name: T5ForConditionalGeneration(T5Config(vocab_size=32128, decoder_start_token_id=0, pad_token_id=0,
+                                                        eos_token_id=1, **shape)).eval().to(device)
+              for name, shape in PAPER_SHAPES.items()}
+    input_ids = torch.randint(3, 32000, (1, text_len), device=device)
+    prefix = torch.zeros((1, 1), dtype=torch.long, device=device)
+    cost = {
+        "small_step_s": time_step(models["t5-small"], input_ids, prefix, True, 1, reps=5),
+        "large_step_s": time_step(models["t5-large"], input_ids, prefix, True, 1, reps=5),
+        "large_verify_s": {k: time_step(models["t5-large"], input_ids, prefix, True, k, reps=5)
+                           for k in range(1, max_width + 2)},
+    }
+    predicted = {name: predict_seconds(run.stats, cost) for name, run in runs.items() if run.stats.output_tokens}
+    large = predicted.get("large")
+    return {
+        "cost": cost,
+        "cost_ratio_large_over_small": cost["large_step_s"] / cost["small_step_s"],
+        "predicted_decoder_seconds": predicted,
+        "projected_speedup_vs_large": {name: large / value for name, value in predicted.items() if large and value},
+    }
+
+
+def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, bild: DecodingConfig,
+              repeats: int = 3, with_projection: bool = True) -> dict:
+    runs = run_methods(pair, texts, bild, repeats)
+    rows = summarize_methods(pair, runs, references)
+    cost = cost_model(pair, texts[0], bild.max_draft_tokens)
+    encoders = {
+        name: sum(encoder_seconds(pair, Generator(pair, bild).encode(t)[0].to(pair.device), models)
+                  for t in texts)
+        for name, models in (("large", ("large",)), ("small", ("small",)), ("both", ("small", "large")))
+    }
+    for row in rows:
+        run = runs[row["method"]]
+        if row["method"] in OURS:
+            measured = float(np.sum(run.seconds)) / repeats
+            enc = encoders["both" if row["method"] in ("bild", "speculative") else row["method"]]
+            row["predicted_s"] = enc + predict_seconds(run.stats, cost)
+            row["measured_over_predicted"] = measured / row["predicted_s"]
+    report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), "device": str(pair.device),
+              "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "methods": rows,
+              "cost_model": cost}
+    if with_projection:
+        lengths = [Generator(pair, bild).encode(t)[0].shape[1] for t in texts]
+        report["projection"] = projection(runs, int(np.median(lengths)), bild.max_draft_tokens, pair.device)
+    return report
+
+
+def render_markdown(report: dict) -> str:
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+        return "" if value is None else str(value)
+
+    columns = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu", "exact_match_with_large",
+               "speedup_vs_large", "small_token_share", "fallbacks_per_100_tokens", "rollbacks_per_100_tokens",
+               "measured_over_predicted"]
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order), "
+             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}",
+             f"decoding: {report['decoding']}", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in report["methods"]:
+        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
+    cost = report["cost_model"]
+    lines += ["", "Cost model (median seconds on this hardware): "
+              f"small step {1000 * cost['small_step_s']:.3f} ms, large step {1000 * cost['large_step_s']:.3f} ms "
+              f"(ratio {cost['cost_ratio_large_over_small']:.2f}); large verification of k tokens: "
+              + ", ".join(f"k={k} {1000 * v:.3f} ms" for k, v in cost["large_verify_s"].items())]
+    if "projection" in report:
+        p = report["projection"]
+        lines += ["", "**Projection** (not a measurement of real models): T5-small/T5-large shapes with random "
+                  f"weights timed here (step ratio {p['cost_ratio_large_over_small']:.1f}), combined with the call "
+                  "counts measured above: projected speedup over `large`: "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in p["projected_speedup_vs_large"].items())]
+    return "\n".join(lines)
