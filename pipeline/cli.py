@@ -264,6 +264,37 @@ def tune(sweep_json, max_drop, metric, out_file):
                f"-> {out_file}")
 
 
+@main.command()
+@click.option("--small", required=True, help="Small model to align (hub id or local folder).")
+@click.option("--large", required=True, help="Large model whose greedy outputs are the targets.")
+@click.option("--data", "data", required=True, type=click.Path(exists=True),
+              help="Calibration inputs: a text file with one input per line, or a folder with train.<--src-lang>.")
+@click.option("--src-lang", default="de", show_default=True, help="With a folder: which train.* file to read.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Work folder; the aligned model ends up in OUT/small-aligned-best.")
+@click.option("--prompt", default=None, help='Prefix for every input, e.g. "translate German to English: ".')
+@click.option("--limit", type=int, default=None, help="Use only the first N inputs.")
+@click.option("--epochs", type=float, default=2.0, show_default=True)
+@click.option("--lr", type=float, default=5e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True)
+def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed, device, threads):
+    """BiLD prediction alignment (paper section 3.4): fine-tune SMALL on LARGE's greedy outputs."""
+    from pathlib import Path
+
+    from pipeline.training.align import align_small_model
+
+    path = Path(data)
+    source = path / f"train.{src_lang}" if path.is_dir() else path
+    if not source.is_file():
+        raise click.UsageError(f"--data {data}: no {source.name} there")
+    texts = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
+    aligned = align_small_model(small, large, texts, out_dir, prompt=prompt, epochs=epochs, lr=lr, seed=seed,
+                                device=device, threads=threads)
+    click.echo(f"aligned small model: {aligned}")
+
+
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)

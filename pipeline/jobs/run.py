@@ -105,14 +105,21 @@ def _cluster_info() -> dict:
     }
 
 
-def connect_ray(address: str | None = None) -> None:
+def connect_ray(address: str | None = None, min_cpus: int = 1) -> None:
     """Join the cluster at `address` (or RAY_ADDRESS, set inside a submitted job), else start an
-    embedded local Ray. Never joins some other cluster on this machine by accident."""
+    embedded local Ray. Never joins some other cluster on this machine by accident.
+
+    An embedded Ray gets at least `min_cpus` logical CPUs: the decode actors hold theirs for the
+    whole job, and the read and write tasks need one more, or they would wait forever."""
     import ray
 
-    if not ray.is_initialized():
-        target = address or os.environ.get("RAY_ADDRESS") or "local"
+    if ray.is_initialized():
+        return
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target:
         ray.init(address=target, logging_level=logging.WARNING)
+    else:
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), logging_level=logging.WARNING)
 
 
 Points = tuple[tuple[str, DecodingConfig], ...]
@@ -189,7 +196,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     if job.output.mode == "overwrite" and out_fs.exists(out_path):
         out_fs.rm(out_path, recursive=True)
 
-    connect_ray(address)
+    connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1)
     records = read_records(job.input)
     all_ids = check_ids(records).combine_chunks()
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
