@@ -1,0 +1,155 @@
+"""Command line: ``python -m pipeline.training {tokenizer,train,align,export,evaluate,all} ...``.
+
+Every step writes under ``--out`` and is resumable: rerunning the same command skips finished
+steps and continues a training run from its last checkpoint.
+
+  tokenizer  joint de+en SentencePiece -> <out>/tokenizer
+  train      --size large|small -> <out>/ckpt-<size>/ (checkpoints), <out>/<size>-best (best val BLEU)
+  align      large greedy outputs on the training sources, small fine-tuned on them
+             -> <out>/small-aligned-run/small-aligned-best
+  export     copies tokenizer + best models into <out>/export/{tokenizer,large,small,small-aligned}
+  evaluate   test BLEU + decode-step cost of each exported model -> <out>/export/report.json
+  all        tokenizer, train large, train small, align, export, evaluate
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+# Per-size training defaults, chosen by short pilot runs on a 2-core CPU (Adafactor with relative
+# updates beat AdamW at equal steps on these T5 shapes; epochs are what fit the CPU budget).
+TRAIN_DEFAULTS = {
+    "large": dict(optimizer="adafactor", epochs=5, batch_tokens=2500, lr=2e-2, warmup_steps=200),
+    "small": dict(optimizer="adafactor", epochs=4, batch_tokens=2500, lr=2e-2, warmup_steps=200),
+}
+
+
+def cmd_tokenizer(args) -> Path:
+    from .data import read_parallel
+    from .tokenizer import build_tokenizer
+
+    out = Path(args.out) / "tokenizer"
+    if (out / "tokenizer.json").exists():
+        print(f"tokenizer exists: {out}")
+        return out
+    src, tgt = read_parallel(args.data, "train")
+    build_tokenizer(src, tgt, out, vocab_size=args.vocab_size, seed=args.seed)
+    print(f"tokenizer written: {out}")
+    return out
+
+
+def train_config(args, size: str):
+    from .train import TrainConfig
+
+    kw = dict(TRAIN_DEFAULTS[size])
+    for name in ("optimizer", "epochs", "batch_tokens", "lr", "warmup_steps", "dropout", "max_minutes"):
+        v = getattr(args, name, None)
+        if v is not None:
+            kw[name] = v
+    return TrainConfig(size=size, seed=args.seed, threads=args.threads, device=args.device,
+                       val_subset=args.val_subset, **kw)
+
+
+def cmd_train(args) -> Path:
+    from .train import train
+
+    tok_dir = cmd_tokenizer(args)
+    return train(args.data, args.out, tok_dir, train_config(args, args.size))
+
+
+def cmd_align(args) -> Path:
+    from .align import align_small_model
+    from .data import read_parallel
+
+    out = Path(args.out)
+    src, _ = read_parallel(args.data, "train")
+    if args.align_limit:
+        src = src[:args.align_limit]
+    return align_small_model(out / "small-best", out / "large-best", src, out / "small-aligned-run",
+                             epochs=args.align_epochs, lr=args.align_lr, batch_tokens=2500,
+                             seed=args.seed, device=args.device, threads=args.threads,
+                             val_data_dir=args.data)
+
+
+def cmd_evaluate(args) -> dict:
+    from .evaluate import evaluate_exports
+
+    report = evaluate_exports(Path(args.out) / "export", args.data, split=args.split,
+                              threads=args.threads, device=args.device)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def export_all(out: Path) -> Path:
+    """Copies the finished models into ``<out>/export/{tokenizer,large,small,small-aligned}``."""
+    exp = out / "export"
+    exp.mkdir(parents=True, exist_ok=True)
+    pairs = {"tokenizer": out / "tokenizer", "large": out / "large-best", "small": out / "small-best",
+             "small-aligned": out / "small-aligned-run" / "small-aligned-best"}
+    for name, src in pairs.items():
+        if not src.exists():
+            print(f"missing {src}; not exported", file=sys.stderr)
+            continue
+        dst = exp / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, ignore=None if name == "tokenizer" else shutil.ignore_patterns("spiece.model"))
+    return exp
+
+
+def cmd_all(args) -> None:
+    cmd_tokenizer(args)
+    for size in ("large", "small"):
+        args.size = size
+        cmd_train(args)
+    cmd_align(args)
+    export_all(Path(args.out))
+    cmd_evaluate(args)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.training", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("--data", required=True, help="folder with train/val/test .de/.en files")
+        sp.add_argument("--out", required=True, help="output folder (checkpoints, exports)")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--vocab-size", type=int, default=6000)
+        sp.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1 is robust when the CPU is shared)")
+        sp.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
+        sp.add_argument("--val-subset", type=int, default=200)
+        sp.add_argument("--optimizer", choices=["adafactor", "adamw"])
+        sp.add_argument("--epochs", type=float)
+        sp.add_argument("--batch-tokens", type=int)
+        sp.add_argument("--lr", type=float)
+        sp.add_argument("--warmup-steps", type=int)
+        sp.add_argument("--dropout", type=float)
+        sp.add_argument("--max-minutes", type=float, help="stop training after this many minutes")
+        sp.add_argument("--align-epochs", type=float, default=2.0)
+        sp.add_argument("--align-lr", type=float, default=5e-3,
+                        help="peak (relative, Adafactor) learning rate of the alignment fine-tune")
+        sp.add_argument("--align-limit", type=int, default=0,
+                        help="align on the first N training sources only (0: all)")
+        sp.add_argument("--split", default="test_2016_flickr")
+        return sp
+
+    common(sub.add_parser("tokenizer", help="train the joint SentencePiece tokenizer")).set_defaults(fn=cmd_tokenizer)
+    tp = common(sub.add_parser("train", help="train one model (resumes from its checkpoint)"))
+    tp.add_argument("--size", choices=["large", "small"], required=True)
+    tp.set_defaults(fn=cmd_train)
+    common(sub.add_parser("align", help="BiLD prediction alignment of the small model")).set_defaults(fn=cmd_align)
+    common(sub.add_parser("export", help="copy the finished models into <out>/export")).set_defaults(
+        fn=lambda a: print(export_all(Path(a.out))))
+    common(sub.add_parser("evaluate", help="test BLEU and decode cost of the exports")).set_defaults(fn=cmd_evaluate)
+    common(sub.add_parser("all", help="everything, in order")).set_defaults(fn=cmd_all)
+    args = p.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The two T5 shapes of the embedded German->English pair.
+
+The small model's decoder is one narrow layer, so one decoding step is cheap (on CPU a tiny
+model's step is mostly per-layer call overhead, so decoder depth dominates); the large model
+has a deeper encoder (run once per input) and a deeper, wider decoder. Both share the
+tokenizer (pad 0, eos 1, unk 2) and use T5's conventions (decoder start = pad).
+"""
+from __future__ import annotations
+
+from transformers import T5Config
+
+SHAPES: dict[str, dict] = {
+    "large": dict(d_model=256, d_ff=512, num_heads=4, d_kv=64,
+                  num_layers=6, num_decoder_layers=6, dropout_rate=0.1),
+    "small": dict(d_model=128, d_ff=512, num_heads=4, d_kv=32,
+                  num_layers=3, num_decoder_layers=1, dropout_rate=0.1),
+}
+
+
+def t5_config(size: str, vocab_size: int, **overrides) -> T5Config:
+    """The T5Config for ``size`` ("large" or "small"); ``overrides`` replace shape fields."""
+    if size not in SHAPES:
+        raise ValueError(f"unknown size {size!r}; choose from {sorted(SHAPES)}")
+    shape = {**SHAPES[size], **overrides}
+    return T5Config(
+        vocab_size=vocab_size,
+        feed_forward_proj="relu",
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        layer_norm_epsilon=1e-6,
+        initializer_factor=1.0,
+        tie_word_embeddings=True,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        use_cache=True,
+        **shape,
+    )
