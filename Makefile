@@ -1,4 +1,4 @@
-# Quick start:  make demo   (sets up .venv, then runs the main job offline)
+# Quick start:  make demo   (sets up .venv, then runs the main job, jobs/demo.yaml, offline)
 #               make test   (sets up .venv, then runs the test suite)
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
@@ -24,13 +24,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-# Until the embedded demo pair ships, the main command builds a tiny random T5 pair locally
-# (no download) and decodes one sentence with BiLD, printing the output and its statistics.
-DEMO_PAIR ?= runs/tiny-t5
+# The main job: German -> English with BiLD on the shipped Multi30k model pair, offline, then
+# its report (BLEU/chrF against the references, throughput, BiLD behaviour) in runs/demo/report.
 demo: setup
-	test -d $(DEMO_PAIR)/large || $(VENV)/bin/bild-pipeline tiny-pair $(DEMO_PAIR) --family t5
-	$(VENV)/bin/bild-pipeline generate --small $(DEMO_PAIR)/small --large $(DEMO_PAIR)/large \
-	    --method bild --max-new-tokens 32 "Ein Hund läuft."
+	$(VENV)/bin/bild-pipeline run jobs/demo.yaml
+	$(VENV)/bin/bild-pipeline report runs/demo --out runs/demo/report
 
 test: setup
 	$(PY) -m pytest -q
