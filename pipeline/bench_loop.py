@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache
-
+from pipeline.benchmark import hf_greedy, sync_device
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, decode_autoregressive, decode_with_drafts
 
 
@@ -57,25 +56,6 @@ class LoopBenchResult:
         return "\n".join(lines)
 
 
-def _hf_greedy(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if pair.is_encoder_decoder else DynamicCache()
-    out = pair.large.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        cache=cache,
-    )
-    start = 1 if pair.is_encoder_decoder else input_ids.shape[1]
-    return out[0, start:].tolist()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int = 3) -> LoopBenchResult:
     large_config = DecodingConfig(method="large", max_new_tokens=bild.max_new_tokens)
     encoded = [Generator(pair, large_config).encode(text)[0].to(pair.device) for text in texts]
@@ -86,14 +66,14 @@ def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repe
         tokens = 0
         for input_ids in encoded:  # interleave A and B on every input
             with torch.inference_mode():
-                _sync(pair.device)
+                sync_device(pair.device)
                 t0 = time.perf_counter()  # generate() runs the encoder inside, so ours is timed with it too
                 _, large, prefix = pair.runners(input_ids, small=False)
                 out = decode_autoregressive(large, prefix, large_config, pair.eos_token_ids, None, writer="large")
-                _sync(pair.device)
+                sync_device(pair.device)
                 t1 = time.perf_counter()
-                reference = _hf_greedy(pair, input_ids, bild.max_new_tokens)
-                _sync(pair.device)
+                reference = hf_greedy(pair, input_ids, bild.max_new_tokens)
+                sync_device(pair.device)
                 t2 = time.perf_counter()
             ours += t1 - t0
             hf += t2 - t1
@@ -101,10 +81,10 @@ def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repe
             identical &= out.tokens == reference[: len(out.tokens)]
 
             small, large, prefix = pair.runners(input_ids)
-            _sync(pair.device)
+            sync_device(pair.device)
             t3 = time.perf_counter()
             result = decode_with_drafts(small, large, prefix, bild, pair.eos_token_ids, None)
-            _sync(pair.device)
+            sync_device(pair.device)
             loop += time.perf_counter() - t3
             forward += small.forward_seconds + large.forward_seconds
             small_tokens += result.stats.small_tokens

@@ -38,7 +38,7 @@ class MethodRun:
             setattr(self.stats, key, getattr(self.stats, key) + value)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -60,7 +60,7 @@ def _hf_cache_workaround(*models):
             config.num_layers = layers
 
 
-def _hf_run(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, assistant=None,
+def hf_greedy(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, assistant=None,
             confidence: float | None = None) -> list[int]:
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                   attention_mask=torch.ones_like(input_ids))
@@ -87,19 +87,19 @@ def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats
         for index, input_ids in enumerate(encoded):
             order = methods[index % len(methods):] + methods[: index % len(methods)]  # rotate
             for name in order:
-                _sync(pair.device)
+                sync_device(pair.device)
                 start = time.perf_counter()
                 if name in generators:
                     output = generators[name].decode_ids(input_ids)
                     tokens = output.tokens
                 elif name == "hf_generate":
-                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens)
+                    tokens = hf_greedy(pair, input_ids, bild.max_new_tokens)
                 elif name == "hf_assisted":
-                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens, assistant=pair.small)
+                    tokens = hf_greedy(pair, input_ids, bild.max_new_tokens, assistant=pair.small)
                 else:
-                    tokens = _hf_run(pair, input_ids, bild.max_new_tokens, assistant=pair.small,
+                    tokens = hf_greedy(pair, input_ids, bild.max_new_tokens, assistant=pair.small,
                                      confidence=bild.fallback_threshold)
-                _sync(pair.device)
+                sync_device(pair.device)
                 runs[name].seconds.append(time.perf_counter() - start)
                 if last:
                     runs[name].tokens[index] = tokens
@@ -166,10 +166,10 @@ def time_step(model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_d
     for _ in range(reps):
         runner = CachedDecoder(model, encoded, torch.ones_like(input_ids) if encoded is not None else None)
         runner.forward(base[:, : prefix.shape[1] + context])
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         runner.forward(base)
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -208,11 +208,11 @@ def encoder_seconds(pair: ModelPair, input_ids: torch.Tensor, models: tuple[str,
         model = getattr(pair, name)
         times = []
         for _ in range(5):
-            _sync(pair.device)
+            sync_device(pair.device)
             start = time.perf_counter()
             with torch.inference_mode():
                 model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
-            _sync(pair.device)
+            sync_device(pair.device)
             times.append(time.perf_counter() - start)
         total += statistics.median(times)
     return total
