@@ -68,8 +68,9 @@ def _column_sums(dataset, columns: list[str]) -> dict[str, float]:
     return {column: float(found.get(f"sum({column})") or 0.0) for column in columns}
 
 
-def _numeric_table(dataset) -> pa.Table:
-    present = [c for c in NUMERIC_COLUMNS if c in dataset.schema().names]
+def _numeric_table(dataset, extra: tuple[str, ...] = ()) -> pa.Table:
+    """The run's numeric columns (no texts) on the driver, plus any `extra` ones."""
+    present = [c for c in (*NUMERIC_COLUMNS, *extra) if c in dataset.schema().names]
     batches = list(dataset.select_columns(present).iter_batches(batch_format="pyarrow"))
     return pa.concat_tables(batches) if batches else pa.table({c: [] for c in present})
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import yaml
 
 from pipeline.decoding.config import DecodingConfig
-from pipeline.jobs.report import _row_stats, _scorable, _stat_names, read_run
+from pipeline.jobs.report import _numeric_table, _row_stats, _scorable, _stat_names, read_run
 from pipeline.jobs.run import Points, run_job
 from pipeline.jobs.schema import JobConfig
 from pipeline.metrics import quality as q
@@ -72,9 +72,7 @@ def score_points(run_path: str, task: str, storage_options: dict | None = None) 
         quality_by_point[row["point"]] = q.corpus_scores(task, {k: np.asarray(v) for k, v in sums.items()},
                                                          int(row.get("sum(rows)") or 0))
 
-    numeric = pa.concat_tables(list(dataset.select_columns(
-        ["point", "error", "latency_ms", "output_tokens", "small_tokens", "large_tokens", "fallbacks",
-         "rollbacks", "small_calls", "large_calls", "draft_tokens"]).iter_batches(batch_format="pyarrow")))
+    numeric = _numeric_table(dataset, extra=("point",))
     ok = numeric.filter(pc.is_null(numeric["error"]))
     table = []
     for name in (manifest or {}).get("sweep_points", {}) or sorted(set(ok["point"].to_pylist())):
