@@ -261,7 +261,8 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     encoders = {
         name: sum(encoder_seconds(pair, Generator(pair, bild).encode(t)[0].to(pair.device), models)
                   for t in texts)
-        for name, models in (("large", ("large",)), ("small", ("small",)), ("both", ("small", "large")))
+        for name, models in (("large", ("large",)), ("small", ("small",)),
+                             ("both", ("large",) if pair.shares_encoder else ("small", "large")))
     }
     for row in rows:
         run = runs[row["method"]]

@@ -349,34 +349,74 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     click.echo(result.to_markdown())
 
 
+def _options(*options):
+    """One decorator applying several click options (shared by the benchmark commands)."""
+    def apply(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return apply
+
+
+_bench_input_options = _options(
+    click.option("--small", default=None, help="Small model (default: a tiny random T5 pair built in memory)."),
+    click.option("--large", default=None),
+    click.option("--source", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="Inputs, one per line (e.g. test_2016_flickr.de)."),
+    click.option("--reference", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="References, one per line, parallel to --source (adds BLEU)."),
+    click.option("--prompt", default=None, help='Template around each input, e.g. "summarize: {text}".'),
+)
+_bench_decoding_options = _options(
+    click.option("--max-new-tokens", type=int, default=64, show_default=True),
+    click.option("--fallback-threshold", type=float, default=0.4, show_default=True),
+    click.option("--rollback-threshold", type=float, default=3.0, show_default=True),
+    click.option("--max-draft-tokens", type=int, default=10, show_default=True),
+    click.option("--device", default="cpu", show_default=True),
+    click.option("--dtype", default="float32", show_default=True),
+    click.option("--threads", type=int, default=None, help="torch CPU threads."),
+)
+
+
 @main.command()
-@click.option("--small", default=None, help="Small model (default: a tiny random T5 pair built in memory).")
-@click.option("--large", default=None)
-@click.option("--source", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Inputs, one per line (e.g. test_2016_flickr.de).")
-@click.option("--reference", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="References, one per line, parallel to --source.")
-@click.option("--prompt", default=None, help='Template around each input, e.g. "summarize: {text}".')
+@_bench_input_options
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--repeats", type=int, default=2, show_default=True)
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--fallback-threshold", type=float, default=0.4, show_default=True)
-@click.option("--rollback-threshold", type=float, default=3.0, show_default=True)
-@click.option("--max-draft-tokens", type=int, default=10, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", default="float32", show_default=True)
-@click.option("--threads", type=int, default=None, help="torch CPU threads.")
+@_bench_decoding_options
 @click.option("--projection/--no-projection", default=True, show_default=True,
               help="Also project the speedup at T5-small/T5-large shapes (random weights, timed here).")
 @click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
 def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
           rollback_threshold, max_draft_tokens, device, dtype, threads, projection, out_dir):
     """BiLD vs large, small, speculative, HF generate and HF assisted generation, side by side (batch 1)."""
+
+    from pipeline.benchmark import render_markdown, run_bench
+
+    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt)
+    config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
+                            rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
+    report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection)
+    _show_report(render_markdown(report), report, out_dir, "bench")
+
+
+def _show_report(markdown: str, report: dict, out_dir: str | None, stem: str) -> None:
+    """Print a benchmark's Markdown; with out_dir also write it and its JSON as <stem>.md/.json."""
+    from pathlib import Path
+
+    click.echo(markdown)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / f"{stem}.md").write_text(markdown + "\n")
+        (Path(out_dir) / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
+
+
+def _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt):
+    """(pair, texts, references) for a benchmark: the named pair (or a tiny random T5 pair built in
+    memory) and the first ``limit`` lines of ``source``/``reference`` (or built-in sentences)."""
     from pathlib import Path
 
     import torch
 
-    from pipeline.benchmark import render_markdown, run_bench
     from pipeline.decoding import ModelPair
 
     if threads:
@@ -392,15 +432,7 @@ def bench(small, large, source, reference, prompt, limit, repeats, max_new_token
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
     if prompt:
         texts = [prompt.format(text=text) for text in texts]
-    config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
-                            rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
-    report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection)
-    markdown = render_markdown(report)
-    click.echo(markdown)
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "bench.md").write_text(markdown + "\n")
-        (Path(out_dir) / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+    return pair, texts, references
 
 
 @main.command("bench-pipeline")
@@ -427,6 +459,36 @@ def bench_pipeline(small, large, records, repeats):
         f"pipeline:   {result['pipeline_s']:.2f} s ({result['pipeline_records_per_s']:.1f} records/s)\n"
         f"ratio pipeline / in-process: {result['ratio_pipeline_over_in_process']:.2f}x"
     )
+
+
+@main.command("bench-batch")
+@_bench_input_options
+@click.option("--limit", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=2, show_default=True)
+@click.option("--methods", default="large,bild,speculative", show_default=True)
+@click.option("--batch-sizes", default="1,4,16,32", show_default=True)
+@click.option("--verify-shares", default="0.5", show_default=True,
+              help="Comma-separated verify_share values to run for bild/speculative at batch sizes > 1.")
+@_bench_decoding_options
+@click.option("--out", "out_dir", default=None, help="Write bench_batch.md and bench_batch.json here.")
+def bench_batch(small, large, source, reference, prompt, limit, repeats, methods, batch_sizes, verify_shares,
+                max_new_tokens, fallback_threshold, rollback_threshold, max_draft_tokens, device, dtype, threads,
+                out_dir):
+    """Batched decoding throughput: tokens/s at several batch sizes, ratios measured in one run."""
+
+    from pipeline.bench_batch import render_markdown, run_batch_bench
+
+    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt)
+    config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
+                            rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
+    report = run_batch_bench(
+        pair, texts, references, config,
+        methods=tuple(m.strip() for m in methods.split(",")),
+        batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
+        verify_shares=tuple(float(v) for v in verify_shares.split(",")),
+        repeats=repeats,
+    )
+    _show_report(render_markdown(report), report, out_dir, "bench_batch")
 
 
 _BENCH_TEXTS = [

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.decoding import DecodingConfig, GenerationResult, Generator, ModelPair
+from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -64,6 +64,8 @@ class DecodeStageSpec:
     config_hash: str
     torch_threads: int = 1
     sweep: bool = False  # adds the `point` column
+    batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
+    verify_share: float = 0.5
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -87,28 +89,51 @@ class DecodeStage:
             trust_remote_code=spec.trust_remote_code,
         )
         self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
+        self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         for _, generator in self.generators:  # first-call set-up must not count as a record's latency
-            generator.generate_one("warm up")
+            generator.generate(["warm up", "warm up"], batch=self.batch_policy)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = []
-        for row in batch.to_pylist():
-            done = self.done_points.get(row["id"], ())
-            rows.extend(self._decode_row(row, name, generator) for name, generator in self.generators
-                        if name not in done)
+        records = batch.to_pylist()
+        todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())]
+                for name, _ in self.generators}
+        results: dict[tuple[int, str], GenerationResult] = {}
+        if self.batch_policy.batch_size == 1:  # record by record: a record's points run side by side
+            for i, row in enumerate(records):
+                for name, generator in self.generators:
+                    if i in todo[name]:
+                        results[(i, name)] = self._decode(generator, [row])[0]
+        else:  # each point decodes the call's records together
+            for name, generator in self.generators:
+                for i, result in zip(todo[name], self._decode(generator, [records[i] for i in todo[name]])):
+                    results[(i, name)] = result
+        rows = [self._output_row(records[i], name, results[(i, name)])
+                for i in range(len(records)) for name, _ in self.generators if (i, name) in results]
         return pa.Table.from_pylist(rows, schema=self.schema)
 
-    def _decode_row(self, row: dict, point: str, generator: Generator) -> dict:
+    def _decode(self, generator: Generator, records: list[dict]) -> list[GenerationResult]:
+        """One result per record: rows that failed to read keep their error; the rest are decoded
+        together (batch_size > 1) or one by one."""
         config = generator.config
-        if row.get("input_error"):
-            result = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
-        else:
+        results: list[GenerationResult | None] = [None] * len(records)
+        texts, seeds, where = [], [], []
+        for i, row in enumerate(records):
+            if row.get("input_error"):
+                results[i] = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
+                continue
             text = row["text"]
             if self.spec.prompt and isinstance(text, str) and text.strip():
                 text = self.spec.prompt.format(text=text)
-            result = generator.generate_one(text, seed=record_seed(config.seed, row["id"]))
+            texts.append(text)
+            seeds.append(record_seed(config.seed, row["id"]))
+            where.append(i)
+        for i, result in zip(where, generator.generate(texts, seeds, batch=self.batch_policy)):
+            results[i] = result
+        return results
+
+    def _output_row(self, row: dict, point: str, result: GenerationResult) -> dict:
         out = {
             "id": row["id"],
             "reference": row.get("reference"),

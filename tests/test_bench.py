@@ -19,3 +19,20 @@ def test_bench_runs_every_method_side_by_side():
     assert rows["large"]["speedup_vs_large"] == 1.0
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
+
+
+def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1():
+    from pipeline.bench_batch import render_markdown as render_batch
+    from pipeline.bench_batch import run_batch_bench
+
+    pair = tiny_pair("t5", "noisy")
+    config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
+    report = run_batch_bench(pair, TEXTS * 2, TEXTS * 2, config, methods=("large", "bild"), batch_sizes=(1, 3),
+                             verify_shares=(0.5, 1.0), repeats=1)
+    cells = {row["cell"]: row for row in report["rows"]}
+    assert set(cells) == {"large loop", "bild loop", "large B=1", "large B=3", "bild B=1",
+                          "bild B=3 share=0.5", "bild B=3 share=1.0"}
+    assert all(row["identical_to_b1"] for row in cells.values())  # batching never changes a row's output
+    assert cells["large B=3"]["ratio_vs_large_same_b"] == 1.0 and cells["bild loop"]["ratio_vs_loop_b1"] == 1.0
+    assert cells["large B=3"]["large_calls"] < cells["large B=1"]["large_calls"]  # rows shared passes
+    assert "| bild B=3 share=1.0 |" in render_batch(report)

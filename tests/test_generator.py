@@ -87,3 +87,31 @@ def test_config_rejects_nonsense():
         DecodingConfig(temperature=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         DecodingConfig(max_new_tokens=0)
+
+
+def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass():
+    """A shrunk small model (pipeline/training/shrink.py) keeps the large encoder: it runs once."""
+    import dataclasses
+
+    from conftest import TEXTS, tiny_pair
+    from pipeline.decoding.batch import BatchPolicy
+    from pipeline.decoding.models import ModelPair
+    from pipeline.training.shrink import shrink_from_large
+
+    base = tiny_pair("t5", "independent", 0)
+    assert not base.shares_encoder
+    small = shrink_from_large(base.large).eval()
+    pair = ModelPair(small, base.large, base.tokenizer, base.device)
+    assert pair.shares_encoder
+    calls = []
+    for model in (pair.small, pair.large):
+        model.get_encoder().register_forward_hook(lambda *args: calls.append(1))
+    config = DecodingConfig(method="bild", max_new_tokens=16, fallback_threshold=0.5)
+    shared = Generator(pair, config).generate(TEXTS)
+    assert len(calls) == len(TEXTS)  # one encoder pass per record, not two
+    batched = Generator(pair, config).generate(TEXTS, batch=BatchPolicy(3))
+    apart = dataclasses.replace(pair)
+    apart.shares_encoder = False  # the same pair, each model running its own (identical) encoder
+    alone = Generator(apart, config).generate(TEXTS)
+    assert [r.token_ids for r in shared] == [r.token_ids for r in alone] == [r.token_ids for r in batched]
+    assert [r.stats for r in shared] == [r.stats for r in alone]

@@ -47,3 +47,107 @@ def test_short_training_run_exports_and_resumes(tmp_path):
     train(data, tmp_path / "out", tmp_path / "tok", longer)
     log = (tmp_path / "out" / "ckpt-small" / "train_log.txt").read_text()
     assert "resumed" in log
+
+
+def tiny_large(vocab_size: int = 70):
+    """A randomly initialised T5 "large" of the pair's kind, tiny enough for a unit test."""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from pipeline.training.model_shapes import t5_config
+
+    torch.manual_seed(0)
+    config = t5_config("large", vocab_size, d_model=32, d_ff=64, num_heads=2, d_kv=16,
+                       num_layers=3, num_decoder_layers=3)
+    return T5ForConditionalGeneration(config).eval()
+
+
+def test_shrink_from_large_copies_the_large_models_weights():
+    import torch
+
+    from pipeline.training.shrink import shrink_from_large
+
+    large = tiny_large()
+    small = shrink_from_large(large)  # the pair's default: every encoder layer, decoder layer 0
+    assert (small.config.num_layers, small.config.num_decoder_layers) == (3, 1)
+    assert small.config.d_model == large.config.d_model
+    large_state, small_state = large.state_dict(), small.state_dict()
+    for name, tensor in small_state.items():
+        # encoder.* and shared/lm_head keep their names; decoder.block.0 is the large decoder's block 0
+        assert torch.equal(tensor, large_state[name]), name
+    assert small_state["shared.weight"].data_ptr() != large_state["shared.weight"].data_ptr()  # a copy
+    # It is a working model: same encoder output as the large one, a decoder step gives logits.
+    ids = torch.tensor([[5, 6, 7, 1]])
+    with torch.no_grad():
+        assert torch.equal(small.get_encoder()(input_ids=ids).last_hidden_state,
+                           large.get_encoder()(input_ids=ids).last_hidden_state)
+        logits = small(input_ids=ids, decoder_input_ids=torch.tensor([[0]])).logits
+    assert logits.shape == (1, 1, 70)
+
+
+def test_shrink_from_large_picks_layers_and_keeps_the_relative_bias():
+    import torch
+
+    from pipeline.training.shrink import shrink_from_large
+
+    large = tiny_large()
+    small = shrink_from_large(large, decoder_layers=[2], encoder_layers=[0, 2])
+    assert (small.config.num_layers, small.config.num_decoder_layers) == (2, 1)
+    bias = "layer.0.SelfAttention.relative_attention_bias.weight"
+    src, dst = large.decoder.block, small.decoder.block
+    for name, tensor in dst[0].state_dict().items():
+        expected = src[0].state_dict()[bias] if name == bias else src[2].state_dict()[name]
+        assert torch.equal(tensor, expected), name
+    assert torch.equal(small.encoder.block[1].layer[1].DenseReluDense.wi.weight,
+                       large.encoder.block[2].layer[1].DenseReluDense.wi.weight)
+    with pytest.raises(ValueError):
+        shrink_from_large(large, decoder_layers=[3])
+
+
+def test_shrunk_small_model_trains_its_decoder_only(tmp_path):
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from pipeline.training.shrink import save_shrunk
+    from pipeline.training.train import export_model
+
+    data = corpus(tmp_path / "data")
+    build_tokenizer(GERMAN * 20, ENGLISH * 20, tmp_path / "tok", vocab_size=70)
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    export_model(tiny_large(len(tokenizer)), tmp_path / "tok", tmp_path / "large-best")
+    init = save_shrunk(tmp_path / "large-best", tmp_path / "small-init")
+    assert (init / "model.safetensors").is_file() and (init / "tokenizer.json").is_file()
+    config = TrainConfig(size="small", epochs=1, batch_tokens=400, warmup_steps=2, threads=1, device="cpu",
+                         val_subset=4, log_every=5, freeze_encoder=True)
+    best = train(data, tmp_path / "out", tmp_path / "tok", config, init_from=init)
+    large = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "large-best")).state_dict()
+    trained = AutoModelForSeq2SeqLM.from_pretrained(str(best)).state_dict()
+    for name, tensor in trained.items():
+        if name.startswith(("encoder.", "shared.", "lm_head.")):
+            assert torch.equal(tensor, large[name]), f"frozen {name} changed"
+    changed = [n for n, t in trained.items() if n.startswith("decoder.block.") and not torch.equal(t, large[n])]
+    assert changed, "the decoder was not trained"
+
+
+def test_export_writes_float16_weights_that_load_back_as_float32(tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    from pipeline.training.__main__ import export_all
+    from pipeline.training.evaluate import load_model
+    from pipeline.training.train import export_model
+
+    build_tokenizer(GERMAN * 20, ENGLISH * 20, tmp_path / "tok", vocab_size=70)
+    large = tiny_large(len(load_tokenizer(tmp_path / "tok")))
+    export_model(large, tmp_path / "tok", tmp_path / "large-best")
+    (tmp_path / "tokenizer").mkdir()
+    for f in (tmp_path / "tok").iterdir():
+        (tmp_path / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    exported = export_all(tmp_path) / "large"
+    with safe_open(str(exported / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    assert (exported / "tokenizer.json").is_file()
+    reloaded = load_model(exported)
+    assert next(reloaded.parameters()).dtype == torch.float32
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, large.state_dict()[name].half().float()), name

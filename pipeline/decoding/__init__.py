@@ -9,6 +9,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "BatchOutput": "batch",
+    "BatchPolicy": "batch",
+    "BatchRequest": "batch",
+    "decode_batch": "batch",
+    "BatchedDecoder": "batch_runner",
+    "UnsupportedModelError": "batch_runner",
     "METHODS": "config",
     "DecodingConfig": "config",
     "GenerationResult": "generator",

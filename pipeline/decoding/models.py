@@ -94,6 +94,9 @@ class ModelPair:
         self.decoder_start_token_id = getattr(self.large.config, "decoder_start_token_id", None)
         if self.is_encoder_decoder and self.decoder_start_token_id is None:
             raise IncompatiblePairError("the large model's config has no decoder_start_token_id")
+        # A small model cut out of the large one (pipeline/training/shrink.py) keeps its encoder:
+        # then one encoder pass serves both decoders.
+        self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
 
     @classmethod
     def from_pretrained(
@@ -139,15 +142,34 @@ class ModelPair:
                 input_ids,
             )
         prefix = torch.full((input_ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long, device=self.device)
-        made = []
-        for wanted, model in ((small, self.small), (large, self.large)):
+        made, encoded = [], None
+        for wanted, model in ((large, self.large), (small, self.small)):
             if not wanted:
                 made.append(None)
                 continue
-            with torch.inference_mode():
-                encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+            if encoded is None or not self.shares_encoder:
+                with torch.inference_mode():
+                    encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
             made.append(CachedDecoder(model, encoded, attention_mask))
-        return made[0], made[1], prefix
+        return made[1], made[0], prefix
+
+
+def same_encoder(small: PreTrainedModel, large: PreTrainedModel) -> bool:
+    """Whether both models hold the very same encoder (same weights, shapes and config)."""
+    small_encoder, large_encoder = small.get_encoder(), large.get_encoder()
+    if small_encoder is large_encoder:
+        return True
+    small_state, large_state = small_encoder.state_dict(), large_encoder.state_dict()
+    if small_state.keys() != large_state.keys():
+        return False
+    if any(small_state[k].shape != large_state[k].shape for k in small_state):
+        return False
+    same_settings = all(
+        getattr(small.config, name, None) == getattr(large.config, name, None)
+        for name in ("num_layers", "encoder_layers", "d_model", "num_heads", "feed_forward_proj", "layer_norm_epsilon",
+                     "relative_attention_num_buckets", "relative_attention_max_distance")
+    )
+    return same_settings and all(torch.equal(small_state[k], large_state[k]) for k in small_state)
 
 
 def _check_configs(small_config, large_config) -> None:

@@ -140,6 +140,8 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool) -> DecodeStageSpec:
         config_hash=job.config_hash(),
         torch_threads=max(1, int(job.compute.cpus_per_actor)),
         sweep=sweep,
+        batch_size=job.compute.batch_size,
+        verify_share=job.compute.verify_share,
     )
 
 
@@ -158,7 +160,7 @@ def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: 
     return records.map_batches(
         DecodeStage,
         fn_constructor_args=(spec, done_points),
-        batch_size=compute.batch_size,
+        batch_size=compute.records_per_actor_call(),
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=compute.actors),
         num_cpus=compute.cpus_per_actor,

@@ -62,7 +62,19 @@ class ComputeSection(_Section):
     actors: int = Field(default=1, ge=1, description="Decoding actors, each holding one model pair.")
     gpus_per_actor: float = Field(default=0.0, ge=0.0)
     cpus_per_actor: float = Field(default=1.0, gt=0.0)
-    batch_size: int = Field(default=8, ge=1, description="Records handed to an actor at a time.")
+    batch_size: int = Field(
+        default=8, ge=1,
+        description="Records an actor decodes together (continuous batching, each with its own fallbacks and "
+                    "rollbacks); 1 decodes record by record.")
+    verify_share: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="Batched bild/speculative: call the large model once this share of the batch waits for it.")
+    records_per_call: int | None = Field(
+        default=None, ge=1,
+        description="Records Ray hands an actor per call (default 4 x batch_size: rows to refill the batch from).")
+
+    def records_per_actor_call(self) -> int:
+        return self.records_per_call or 4 * self.batch_size
 
 
 class OutputSection(_Section):

@@ -4,10 +4,13 @@ Every step writes under ``--out`` and is resumable: rerunning the same command s
 steps and continues a training run from its last checkpoint.
 
   tokenizer  joint de+en SentencePiece -> <out>/tokenizer
-  train      --size large|small -> <out>/ckpt-<size>/ (checkpoints), <out>/<size>-best (best val BLEU)
+  train      --size large|small -> <out>/ckpt-<size>/ (checkpoints), <out>/<size>-best (best val BLEU);
+             the small model starts as a cut-down copy of <out>/large-best (<out>/small-init, shrink.py)
+             and only its decoder is trained
   align      large greedy outputs on the training sources, small fine-tuned on them
              -> <out>/small-aligned-run/small-aligned-best
   export     copies tokenizer + best models into <out>/export/{tokenizer,large,small,small-aligned}
+             (weights as float16 safetensors unless --export-dtype float32)
   evaluate   test BLEU + decode-step cost of each exported model -> <out>/export/report.json
   all        tokenizer, train large, train small, align, export, evaluate
 """
@@ -19,11 +22,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from .model_shapes import SHRINK
+
 # Per-size training defaults, chosen by short pilot runs on a 2-core CPU (Adafactor with relative
 # updates beat AdamW at equal steps on these T5 shapes; epochs are what fit the CPU budget).
+# The small model is not trained from scratch: it is cut out of the trained large model (its whole
+# encoder, embedding/LM head and one decoder layer, see shrink.py) and only its decoder is trained.
 TRAIN_DEFAULTS = {
     "large": dict(optimizer="adafactor", epochs=5, batch_tokens=2500, lr=2e-2, warmup_steps=200),
-    "small": dict(optimizer="adafactor", epochs=4, batch_tokens=2500, lr=2e-2, warmup_steps=200),
+    "small": dict(optimizer="adafactor", epochs=4, batch_tokens=2500, lr=1e-2, warmup_steps=100,
+                  freeze_encoder=True),
 }
 
 
@@ -45,7 +53,8 @@ def train_config(args, size: str):
     from .train import TrainConfig
 
     kw = dict(TRAIN_DEFAULTS[size])
-    for name in ("optimizer", "epochs", "batch_tokens", "lr", "warmup_steps", "dropout", "max_minutes"):
+    for name in ("optimizer", "epochs", "batch_tokens", "lr", "warmup_steps", "dropout", "max_minutes",
+                 "eval_minutes"):
         v = getattr(args, name, None)
         if v is not None:
             kw[name] = v
@@ -54,10 +63,18 @@ def train_config(args, size: str):
 
 
 def cmd_train(args) -> Path:
+    from .shrink import save_shrunk
     from .train import train
 
     tok_dir = cmd_tokenizer(args)
-    return train(args.data, args.out, tok_dir, train_config(args, args.size))
+    init_from = None
+    if args.size in SHRINK:  # shrink-and-fine-tune: start from a cut-down copy of the large model
+        large = Path(args.out) / "large-best"
+        if not (large / "model.safetensors").exists():
+            raise SystemExit(f"{large} is missing: train the large model first (train --size large)")
+        init_from = save_shrunk(large, Path(args.out) / f"{args.size}-init", **SHRINK[args.size])
+        print(f"{args.size} model initialised from {large}: {init_from}")
+    return train(args.data, args.out, tok_dir, train_config(args, args.size), init_from=init_from)
 
 
 def cmd_align(args) -> Path:
@@ -71,7 +88,8 @@ def cmd_align(args) -> Path:
     return align_small_model(out / "small-best", out / "large-best", src, out / "small-aligned-run",
                              epochs=args.align_epochs, lr=args.align_lr, batch_tokens=2500,
                              seed=args.seed, device=args.device, threads=args.threads,
-                             val_data_dir=args.data)
+                             val_data_dir=args.data, freeze_encoder=TRAIN_DEFAULTS["small"]["freeze_encoder"],
+                             max_minutes=args.max_minutes or 0.0)
 
 
 def cmd_evaluate(args) -> dict:
@@ -83,8 +101,16 @@ def cmd_evaluate(args) -> dict:
     return report
 
 
-def export_all(out: Path) -> Path:
-    """Copies the finished models into ``<out>/export/{tokenizer,large,small,small-aligned}``."""
+def export_all(out: Path, dtype: str = "float16") -> Path:
+    """Copies the finished models into ``<out>/export/{tokenizer,large,small,small-aligned}``.
+
+    The weights are written in ``dtype`` ("float16" by default: half the size on disk, so the three
+    models fit the repository's budget; loaders cast them back, e.g. ModelPair loads float32 on CPU,
+    and the evaluation step measures the exported files) or "float32" (as trained)."""
+    import torch
+
+    from .evaluate import load_model
+
     exp = out / "export"
     exp.mkdir(parents=True, exist_ok=True)
     pairs = {"tokenizer": out / "tokenizer", "large": out / "large-best", "small": out / "small-best",
@@ -96,6 +122,9 @@ def export_all(out: Path) -> Path:
         dst = exp / name
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst, ignore=None if name == "tokenizer" else shutil.ignore_patterns("spiece.model"))
+        if name != "tokenizer" and dtype != "float32":
+            model = load_model(src).to(getattr(torch, dtype))
+            model.save_pretrained(str(dst), safe_serialization=True)
     return exp
 
 
@@ -105,7 +134,7 @@ def cmd_all(args) -> None:
         args.size = size
         cmd_train(args)
     cmd_align(args)
-    export_all(Path(args.out))
+    export_all(Path(args.out), args.export_dtype)
     cmd_evaluate(args)
 
 
@@ -130,12 +159,15 @@ def main(argv=None) -> None:
         sp.add_argument("--warmup-steps", type=int)
         sp.add_argument("--dropout", type=float)
         sp.add_argument("--max-minutes", type=float, help="stop training after this many minutes")
-        sp.add_argument("--align-epochs", type=float, default=2.0)
+        sp.add_argument("--eval-minutes", type=float, help="also evaluate (val BLEU, best export) this often")
+        sp.add_argument("--align-epochs", type=float, default=3.0)
         sp.add_argument("--align-lr", type=float, default=5e-3,
                         help="peak (relative, Adafactor) learning rate of the alignment fine-tune")
         sp.add_argument("--align-limit", type=int, default=0,
                         help="align on the first N training sources only (0: all)")
         sp.add_argument("--split", default="test_2016_flickr")
+        sp.add_argument("--export-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
+                        help="dtype of the exported weights (float16: half the size; loaded back as float32)")
         return sp
 
     common(sub.add_parser("tokenizer", help="train the joint SentencePiece tokenizer")).set_defaults(fn=cmd_tokenizer)
@@ -144,7 +176,7 @@ def main(argv=None) -> None:
     tp.set_defaults(fn=cmd_train)
     common(sub.add_parser("align", help="BiLD prediction alignment of the small model")).set_defaults(fn=cmd_align)
     common(sub.add_parser("export", help="copy the finished models into <out>/export")).set_defaults(
-        fn=lambda a: print(export_all(Path(a.out))))
+        fn=lambda a: print(export_all(Path(a.out), a.export_dtype)))
     common(sub.add_parser("evaluate", help="test BLEU and decode cost of the exports")).set_defaults(fn=cmd_evaluate)
     common(sub.add_parser("all", help="everything, in order")).set_defaults(fn=cmd_all)
     args = p.parse_args(argv)

@@ -12,7 +12,7 @@ import torch
 def load_model(path: str | Path, device: str | torch.device = "cpu"):
     from transformers import AutoModelForSeq2SeqLM
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(path))
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(path), dtype=torch.float32)  # fp16 files too
     return model.to(device).eval()
 
 

@@ -1,9 +1,12 @@
-"""The two T5 shapes of the embedded German->English pair.
+"""The T5 shapes of the embedded German->English pair.
 
-The small model's decoder is one narrow layer, so one decoding step is cheap (on CPU a tiny
-model's step is mostly per-layer call overhead, so decoder depth dominates); the large model
-has a deeper encoder (run once per input) and a deeper, wider decoder. Both share the
-tokenizer (pad 0, eos 1, unk 2) and use T5's conventions (decoder start = pad).
+``large`` is trained from scratch. The small model of the pair is ``SHRINK["small"]``: cut out of
+the trained large model (shrink.py) -- the large model's whole encoder (run once per input, so it
+costs little per token), its width, embedding and LM head, and ONE decoder layer (copied from
+the large decoder's layer 0), so one decoding step is cheap: on CPU a model this size spends
+its step mostly in per-layer call overhead, so decoder depth dominates. ``SHAPES["small"]`` is
+the earlier from-scratch small shape (d_model 128, 3/1 layers), kept for ``t5_config`` users and
+tests. All share the tokenizer (pad 0, eos 1, unk 2) and T5's conventions (decoder start = pad).
 """
 from __future__ import annotations
 
@@ -14,6 +17,11 @@ SHAPES: dict[str, dict] = {
                   num_layers=6, num_decoder_layers=6, dropout_rate=0.1),
     "small": dict(d_model=128, d_ff=512, num_heads=4, d_kv=32,
                   num_layers=3, num_decoder_layers=1, dropout_rate=0.1),
+}
+
+# size -> shrink_from_large() arguments: which of the large model's layers the small model keeps.
+SHRINK: dict[str, dict] = {
+    "small": dict(decoder_layers=(0,), encoder_layers=None),  # all 6 encoder layers, 1 decoder layer
 }
 
 

@@ -49,6 +49,8 @@ class TrainConfig:
     threads: int = 2
     device: str = "auto"
     shape_overrides: dict = field(default_factory=dict)
+    freeze_encoder: bool = False  # train only the decoder: the encoder and the shared embedding
+                                  # (= tied LM head) stay as initialised, in eval mode (no dropout)
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -69,14 +71,15 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adafactor (scale_parameter=True: each update is relative to the weight's RMS, which suits
     T5's init -- embeddings std 1, query weights std (d_model*d_kv)^-0.5 -- much better than one
     absolute AdamW step size; measured: lower loss at equal steps) or AdamW."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(model.parameters(), lr=cfg.lr, scale_parameter=True, relative_step=False,
+        return Adafactor(params, lr=cfg.lr, scale_parameter=True, relative_step=False,
                          warmup_init=False, clip_threshold=1.0, weight_decay=0.0)
     if cfg.optimizer == "adamw":
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
         return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                   {"params": no_decay, "weight_decay": 0.0}],
                                  lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
@@ -133,6 +136,13 @@ def log(msg: str, path: Path | None = None) -> None:
             f.write(line + "\n")
 
 
+def set_train_mode(model, cfg: TrainConfig) -> None:
+    """``model.train()``, except a frozen encoder, which stays in eval mode (no dropout)."""
+    model.train()
+    if cfg.freeze_encoder:
+        model.get_encoder().eval()
+
+
 def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str | Path, cfg: TrainConfig,
           init_from: str | Path | None = None, train_sources: list[str] | None = None,
           train_targets: list[str] | None = None, run_name: str | None = None,
@@ -168,7 +178,7 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if init_from is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(str(init_from))
+        model = AutoModelForSeq2SeqLM.from_pretrained(str(init_from), dtype=torch.float32)
         if cfg.dropout is not None:
             model.config.dropout_rate = cfg.dropout
             for m in model.modules():
@@ -180,6 +190,9 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
             overrides["dropout_rate"] = cfg.dropout
         model = T5ForConditionalGeneration(t5_config(cfg.size, len(tok), **overrides))
     model.to(device)
+    if cfg.freeze_encoder:
+        for p in list(model.get_encoder().parameters()) + list(model.get_input_embeddings().parameters()):
+            p.requires_grad_(False)
     opt = make_optimizer(model, cfg)
 
     steps_per_epoch = len(make_batches(data, cfg.batch_tokens, cfg.seed, 0))
@@ -201,7 +214,8 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
         log(f"resumed from {ckpt_path}: step {state['step']} epoch {state['epoch']} "
             f"batch {state['batch_in_epoch']} best val BLEU {state['best_bleu']:.2f}", logfile)
     else:
-        log(f"new run {name}: {count_params(model)/1e6:.2f}M params, device {device}, "
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log(f"new run {name}: {count_params(model)/1e6:.2f}M params ({trainable/1e6:.2f}M trained), device {device}, "
             f"{len(data)} pairs, {steps_per_epoch} steps/epoch, {total_steps} total steps, "
             f"config {json.dumps(asdict(cfg))}", logfile)
 
@@ -219,7 +233,7 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
             bleu, hyps = bleu_of(model, tok, val_src, val_ref, batch_size=100, max_new_tokens=80)
         else:  # nothing to select on: keep the latest model
             bleu, hyps = float(state["step"]), [""]
-        model.train()
+        set_train_mode(model, cfg)
         improved = bleu > state["best_bleu"]
         state["history"].append({"step": state["step"], "epoch": state["epoch"], "val_bleu": bleu,
                                  "train_minutes": state["train_seconds"] / 60})
@@ -234,7 +248,7 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
             f"({time.time()-t0:.0f}s) e.g. {hyps[0]!r}", logfile)
 
     max_seconds = cfg.max_minutes * 60 if cfg.max_minutes else float("inf")
-    model.train()
+    set_train_mode(model, cfg)
     last_ckpt = last_eval = time.time()
     win_tokens, win_loss, win_n, win_t = 0, 0.0, 0, time.time()
     done = state["step"] >= total_steps

@@ -1,0 +1,133 @@
+"""Throughput of batched decoding: output tokens/s per method and batch size, ratios from one run.
+
+Every cell (method, batch size, verify share) decodes the same inputs with greedy decoding;
+repetitions are interleaved with a rotating cell order, so slow phases of a shared machine hit
+every cell alike. Batch size 1 is also run through the record-by-record loop (``loop``), the
+path the pipeline takes at ``compute.batch_size: 1``. A batch row's outputs must equal the
+same method's outputs at batch size 1; the report says whether they do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import sacrebleu
+import torch
+
+from pipeline.benchmark import sync_device
+from pipeline.decoding import DecodingConfig, Generator, ModelPair
+from pipeline.decoding.batch import BatchPolicy, BatchRequest, batch_decoder
+
+DRAFTING = ("bild", "speculative")
+
+
+@dataclass
+class Cell:
+    method: str
+    batch_size: int  # 0: the record-by-record loop
+    verify_share: float | None = None
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # outputs of the last repetition
+    large_fed: int = 0  # large-model positions fed (last repetition); padding excluded ...
+    large_computed: int = 0  # ... and included
+    large_calls: int = 0
+
+    @property
+    def name(self) -> str:
+        size = "loop" if self.batch_size == 0 else f"B={self.batch_size}"
+        share = f" share={self.verify_share}" if self.verify_share is not None else ""
+        return f"{self.method} {size}{share}"
+
+
+def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
+    cells = [Cell(m, 0) for m in methods]
+    for method in methods:
+        for size in batch_sizes:
+            shares = verify_shares if method in DRAFTING and size > 1 else [None]  # a share means nothing at B=1
+            for share in shares:
+                cells.append(Cell(method, size, share))
+    return cells
+
+
+def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest]) -> None:
+    config = dataclasses.replace(config, method=cell.method, do_sample=False)
+    sync_device(pair.device)
+    start = time.perf_counter()
+    if cell.batch_size == 0:
+        generator = Generator(pair, config)
+        tokens = [generator.decode_ids(r.input_ids[None, :]).tokens for r in requests]
+        decoder = None
+    else:
+        policy = BatchPolicy(batch_size=cell.batch_size, verify_share=cell.verify_share or 1.0)
+        decoder = batch_decoder(pair, config, policy)
+        tokens = [output.tokens for output in decoder.run(requests)]
+    sync_device(pair.device)
+    cell.seconds.append(time.perf_counter() - start)
+    cell.tokens = tokens
+    if decoder is not None and decoder.large is not None:
+        cell.large_fed, cell.large_computed = decoder.large.tokens_fed, decoder.large.positions_computed
+        cell.large_calls = decoder.large.calls
+
+
+def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | None, config: DecodingConfig,
+                    methods=("large", "bild", "speculative"), batch_sizes=(1, 4, 16, 32),
+                    verify_shares=(0.5,), repeats: int = 2) -> dict:
+    encoder = Generator(pair, config)
+    requests = [BatchRequest(encoder.encode(text)[0][0].to(pair.device)) for text in texts]
+    cells = make_cells(methods, batch_sizes, list(verify_shares))
+    for cell in cells:  # warm-up, outside the measurements
+        run_cell(pair, dataclasses.replace(cell, seconds=[]), config, requests[:4])
+    for repeat in range(repeats):
+        shift = repeat % len(cells)
+        for cell in cells[shift:] + cells[:shift]:
+            run_cell(pair, cell, config, requests)
+    return summarize(pair, cells, references, config, len(texts), repeats)
+
+
+def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats: int) -> dict:
+    def rate(cell: Cell) -> float:
+        return sum(len(t) for t in cell.tokens) * len(cell.seconds) / sum(cell.seconds)
+
+    one = {c.method: c for c in cells if c.batch_size == 1}
+    loop = {c.method: c for c in cells if c.batch_size == 0}
+    rows = []
+    for cell in cells:
+        row = {"cell": cell.name, "method": cell.method, "batch_size": cell.batch_size or 1,
+               "path": "loop" if cell.batch_size == 0 else "batch", "verify_share": cell.verify_share,
+               "output_tokens": sum(len(t) for t in cell.tokens), "tokens_per_s": rate(cell),
+               "identical_to_b1": cell.tokens == loop[cell.method].tokens}
+        row["ratio_vs_loop_b1"] = row["tokens_per_s"] / rate(loop[cell.method])
+        if cell.method in one:
+            row["ratio_vs_batch_b1"] = row["tokens_per_s"] / rate(one[cell.method])
+        same_large = [c for c in cells if c.method == "large" and c.batch_size == cell.batch_size]
+        if same_large:
+            row["ratio_vs_large_same_b"] = row["tokens_per_s"] / rate(same_large[0])
+        if cell.large_computed:
+            row["large_calls"] = cell.large_calls
+            row["large_padding_share"] = 1 - cell.large_fed / cell.large_computed
+        if references:
+            texts = [pair.tokenizer.decode(t, skip_special_tokens=True) for t in cell.tokens]
+            row["bleu"] = sacrebleu.corpus_bleu(texts, [references[: len(texts)]]).score
+        rows.append(row)
+    return {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), "device": str(pair.device),
+            "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "rows": rows}
+
+
+def render_markdown(report: dict) -> str:
+    def cell(value):
+        if isinstance(value, bool):
+            return "yes" if value else "NO"
+        if isinstance(value, float):
+            return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+        return "" if value is None else str(value)
+
+    columns = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
+               "large_calls", "large_padding_share", "bleu", "identical_to_b1"]
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order), "
+             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, greedy",
+             "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in report["rows"]:
+        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)

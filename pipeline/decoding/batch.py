@@ -1,0 +1,353 @@
+"""Batched decoding: many records advance together, each with its own drafts and rollbacks.
+
+A batch holds up to ``batch_size`` active rows. Each round either
+
+- *drafts*: the small model predicts one token for every drafting row in one forward pass;
+  a row that falls back (max pS < alpha_FB), writes EOS or fills its window stops and waits; or
+- *verifies*: the large model reads the pending drafts of every waiting row in one padded
+  forward pass; each row's policy verdict keeps a prefix of its drafts and appends the large
+  model's token, and both models' caches of that row are cut back to what it kept.
+
+The large model is called when at least ``verify_share`` of the active rows wait (always when
+none is left drafting). A row drafts and is verified exactly as it would be alone, so its
+tokens and statistics do not depend on the rows that share its batch (DESIGN.md §1, §2).
+Finished rows leave at once and queued records take their slots (continuous batching).
+Plain ``large``/``small`` decoding batches the same way: every active row advances one token
+per forward pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.decoding.batch_runner import BatchedDecoder
+from pipeline.decoding.config import DecodingConfig
+from pipeline.decoding.loop import DecodeOutput, DecodeStats
+from pipeline.decoding.policies import Verdict, bild_verify, fallback, greedy_match_verify, speculative_verify
+from pipeline.decoding.sampling import RowSampler, choose, to_probs
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How a batch is scheduled; it changes speed only, never a row's tokens or statistics."""
+
+    batch_size: int = 16
+    # Call the large model when this share of the active rows waits for verification. Lower
+    # shares verify sooner (rows wait less), higher ones fill the large model's batch more.
+    verify_share: float = 0.5
+    # Admit queued records once this share of the slots is free (always when the batch is
+    # empty): newcomers then share one encoder pass and one first decoder pass.
+    refill_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        for name in ("verify_share", "refill_share"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)}")
+
+
+@dataclass
+class BatchRequest:
+    """One record to decode: its encoder input (or decoder-only prompt) ids and its seed."""
+
+    input_ids: torch.Tensor  # [S]
+    seed: int = 0
+
+
+@dataclass
+class BatchOutput(DecodeOutput):
+    seconds: float = 0.0  # the record's time in the batch, from joining to leaving
+
+
+@dataclass
+class _Row:
+    """A record's state while it is in the batch."""
+
+    request: int  # index into the requests
+    slot: int
+    start: int  # prefix length: generated tokens begin here
+    length: int  # kept tokens (prefix included); drafts follow at [length, length + drafts)
+    joined: float
+    sampler: RowSampler | None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    drafts: int = 0
+    draft_probs: list[torch.Tensor] = field(default_factory=list)  # q per draft, when sampling
+    waiting: bool = False
+    ended_on_eos: bool = False
+
+    def produced(self) -> int:
+        return self.length - self.start
+
+
+class BatchDecoder:
+    """Decodes many requests with one model pair, ``policy.batch_size`` rows at a time.
+
+    ``prefix_for(input_ids) -> [P]`` gives a request's decoder prefix (the start token for
+    encoder-decoder models, the prompt for decoder-only ones).
+    """
+
+    def __init__(
+        self,
+        small,
+        large,
+        config: DecodingConfig,
+        policy: BatchPolicy,
+        eos_ids: frozenset[int],
+        prefix_for: Callable[[torch.Tensor], torch.Tensor],
+        device: torch.device | str = "cpu",
+        shares_encoder: bool = False,
+    ):
+        self.config = config
+        self.policy = policy
+        self.eos_ids = eos_ids
+        self.prefix_for = prefix_for
+        self.device = torch.device(device)
+        slots = policy.batch_size
+        self.small = BatchedDecoder(small, slots) if small is not None else None
+        self.large = BatchedDecoder(large, slots) if large is not None else None
+        self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
+        self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
+
+    # --- the outer loop -------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[BatchRequest]) -> list[BatchOutput]:
+        if not requests:
+            return []
+        queue = deque(range(len(requests)))
+        buffer_length = max(len(self.prefix_for(r.input_ids)) for r in requests) + self.config.max_new_tokens + 1
+        self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
+        free = list(range(self.policy.batch_size))[::-1]
+        active: list[_Row] = []
+        outputs: list[BatchOutput | None] = [None] * len(requests)
+        step = self._step_drafts if self.config.method in ("bild", "speculative") else self._step_one_model
+        while queue or active:
+            joining = []
+            # Newcomers join in groups (one encoder pass for all), unless the queue is nearly empty.
+            if not active or len(free) >= min(self.policy.refill_share * self.policy.batch_size, len(queue)):
+                while queue and free:
+                    joining.append(self._new_row(queue.popleft(), free.pop(), requests))
+            if joining:
+                self._admit(joining, requests)
+                active.extend(joining)
+            for row in step(active):  # rows that finished this round
+                outputs[row.request] = BatchOutput(
+                    tokens=self.sequence[row.slot, row.start : row.length].tolist(),
+                    stats=row.stats,
+                    seconds=time.perf_counter() - row.joined,
+                )
+                row.stats.output_tokens = row.produced()
+                active.remove(row)
+                free.append(row.slot)
+        return outputs
+
+    def _new_row(self, index: int, slot: int, requests: Sequence[BatchRequest]) -> _Row:
+        prefix = self.prefix_for(requests[index].input_ids)
+        self.sequence[slot].zero_()
+        self.sequence[slot, : len(prefix)] = prefix
+        sampler = None
+        if self.config.do_sample:
+            sampler = RowSampler.seeded([requests[index].seed], device=self.device)
+        return _Row(request=index, slot=slot, start=len(prefix), length=len(prefix),
+                    joined=time.perf_counter(), sampler=sampler)
+
+    def _admit(self, rows: list[_Row], requests: Sequence[BatchRequest]) -> None:
+        """Run the newcomers' encoders once and let each model read their prefixes (storing
+        their cross-attention keys), so a newcomer's first draft and first verification start
+        from kept logits."""
+        slots = [row.slot for row in rows]
+        inputs = [requests[row.request].input_ids for row in rows]
+        index = torch.tensor(slots)
+        upto = torch.tensor([row.length for row in rows])
+        encoded = None
+        for model in (self.large, self.small):
+            if model is None:
+                continue
+            encoded = model.admit(slots, inputs, encoded if self.shares_encoder else None)
+            model.predict(index, self.sequence, upto, torch.ones_like(upto))
+
+    # --- plain decoding with one model ----------------------------------------------------------
+
+    def _step_one_model(self, active: list[_Row]) -> list[_Row]:
+        """large/small: every active row gets one token from one forward pass."""
+        model = self.large if self.config.method == "large" else self.small
+        writer = self.config.method
+        slots = torch.tensor([row.slot for row in active])
+        upto = torch.tensor([row.length for row in active])
+        logits = model.predict(slots, self.sequence, upto, torch.ones_like(upto))[:, 0]  # [R, V]
+        tokens = self._choose(self._probs(logits), active) if self.config.do_sample else logits.argmax(dim=-1)
+        finished = []
+        for row, token in zip(active, tokens.tolist()):
+            self.sequence[row.slot, row.length] = token
+            row.length += 1
+            setattr(row.stats, f"{writer}_tokens", row.produced())
+            setattr(row.stats, f"{writer}_calls", row.produced())
+            if token in self.eos_ids or row.produced() >= self.config.max_new_tokens:
+                finished.append(row)
+        return finished
+
+    # --- BiLD and speculative decoding ----------------------------------------------------------
+
+    def _step_drafts(self, active: list[_Row]) -> list[_Row]:
+        waiting = [row for row in active if row.waiting]
+        drafting = [row for row in active if not row.waiting]
+        if waiting and (not drafting or len(waiting) >= self.policy.verify_share * len(active)):
+            return self._verify(waiting)
+        self._draft(drafting)
+        return []
+
+    def _window(self, row: _Row) -> int:
+        return min(self.config.max_draft_tokens, self.config.max_new_tokens - row.produced())
+
+    def _draft(self, rows: list[_Row]) -> None:
+        """One small-model step for each drafting row (see loop.draft for one row)."""
+        slots = torch.tensor([row.slot for row in rows])
+        upto = torch.tensor([row.length + row.drafts for row in rows])
+        logits = self.small.predict(slots, self.sequence, upto, torch.ones_like(upto))[:, 0]  # [R, V]
+        probs = self._probs(logits)
+        unsure = fallback(probs, self.config.fallback_threshold) if self.use_fallback else torch.zeros(len(rows), dtype=torch.bool)
+        sure = (~unsure).nonzero().squeeze(1)
+        # Only rows that keep a draft draw from their random stream, as they would alone.
+        tokens = dict(zip(sure.tolist(), self._choose(probs[sure], [rows[i] for i in sure.tolist()]).tolist()))
+        for i, row in enumerate(rows):
+            row.stats.small_calls += 1
+            if i not in tokens:
+                row.stats.fallbacks += 1
+                row.waiting = True
+                continue
+            self.sequence[row.slot, row.length + row.drafts] = tokens[i]
+            row.drafts += 1
+            if self.config.do_sample:
+                row.draft_probs.append(probs[i])
+            if tokens[i] in self.eos_ids:
+                row.ended_on_eos = row.waiting = True
+            elif row.drafts >= self._window(row):
+                row.waiting = True
+
+    def _verify(self, rows: list[_Row]) -> list[_Row]:
+        """Verify the waiting rows: one large-model pass, or two when rows with short and long
+        pending tails are better padded apart (by the measured cost of a call, see CallCost)."""
+        finished = []
+        for group in self._verify_groups(rows):
+            finished.extend(self._verify_group(group))
+        return finished
+
+    def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
+        overhead = self.large.call_cost.overhead_in_positions()
+        if overhead is None or len(rows) < 2:
+            return [rows]
+        cached = self.large.cached
+        tails = [row.length + row.drafts - int(cached[row.slot]) for row in rows]  # tokens to feed
+        order = sorted(range(len(rows)), key=tails.__getitem__)
+        ranked = [tails[i] for i in order]
+        skip = sum(1 for t in ranked if t == 0)  # rows fed nothing (kept logits suffice) cost nothing
+        fed = ranked[skip:]
+        # Padded positions of one pass over all fed rows vs two passes split after the i-th shortest.
+        best, split = len(fed) * (fed[-1] if fed else 0), None
+        for i in range(1, len(fed)):
+            cost = overhead + i * fed[i - 1] + (len(fed) - i) * fed[-1]
+            if cost < best:
+                best, split = cost, skip + i
+        if split is None:
+            return [rows]
+        return [[rows[i] for i in order[:split]], [rows[i] for i in order[split:]]]
+
+    def _verify_group(self, rows: list[_Row]) -> list[_Row]:
+        """One large-model pass over the pending drafts of these waiting rows (see loop.verify)."""
+        config = self.config
+        slots = torch.tensor([row.slot for row in rows])
+        num_drafts = torch.tensor([row.drafts for row in rows])
+        upto = torch.tensor([row.length + row.drafts for row in rows])
+        logits = self.large.predict(slots, self.sequence, upto, num_drafts + 1)  # [R, K+1, V]
+        width = int(num_drafts.max())
+        positions = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
+        drafts = self.sequence[slots[:, None], positions.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
+        drafts = torch.where(torch.arange(width)[None, :] < num_drafts[:, None], drafts, torch.zeros_like(drafts))
+        verdict = self._judge(rows, drafts, num_drafts, logits)
+
+        finished, kept = [], []
+        accepted, rejected, next_token = verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist()
+        for i, row in enumerate(rows):
+            stats = row.stats
+            stats.large_calls += 1
+            stats.draft_tokens += row.drafts
+            stats.small_tokens += accepted[i]
+            stats.rollbacks += int(rejected[i])
+            row.length += accepted[i]  # kept drafts are already in the buffer
+            kept.append(row.length)
+            done = accepted[i] == row.drafts and row.ended_on_eos
+            if not done and row.produced() < config.max_new_tokens:
+                self.sequence[row.slot, row.length] = next_token[i]
+                row.length += 1
+                stats.large_tokens += 1
+                done = next_token[i] in self.eos_ids
+            done = done or row.produced() >= config.max_new_tokens
+            row.drafts, row.draft_probs, row.waiting, row.ended_on_eos = 0, [], False, False
+            if done:
+                finished.append(row)
+        # Both models may have read drafts past each row's kept prefix: drop those cache entries.
+        self.small.rewind(slots, torch.tensor(kept))
+        self.large.rewind(slots, torch.tensor(kept))
+        return finished
+
+    def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
+        """The method's policy over the batch of waiting rows (policies.py)."""
+        config = self.config
+        drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
+        if config.method == "speculative" and not config.do_sample:
+            return greedy_match_verify(drafts, num_drafts, logits.argmax(dim=-1))
+        large_probs = self._probs(logits)  # [R, K+1, V]
+        sampler = RowSampler([row.sampler.generators[0] for row in rows]) if config.do_sample else None
+        if config.method == "speculative":
+            draft_probs = torch.zeros_like(large_probs[:, :-1])  # [R, K, V]
+            for i, row in enumerate(rows):
+                if row.draft_probs:
+                    draft_probs[i, : row.drafts] = torch.stack(row.draft_probs)
+            return speculative_verify(drafts, num_drafts, draft_probs, large_probs, sampler)
+        large_choice = choose(large_probs, config.do_sample, sampler, counts=num_drafts + 1)
+        return bild_verify(drafts, num_drafts, large_probs, large_choice, config.rollback_threshold)
+
+    # --- distributions and choices --------------------------------------------------------------
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.config.do_sample:
+            return to_probs(logits, self.config.temperature, self.config.top_p)
+        return to_probs(logits)
+
+    def _choose(self, probs: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """Each row's own choice: argmax, or a sample from the row's own random stream. [R, V] -> [R]"""
+        if not self.config.do_sample:
+            return probs.argmax(dim=-1)
+        if not rows:
+            return probs.new_zeros((0,), dtype=torch.long)
+        return choose(probs, True, RowSampler([row.sampler.generators[0] for row in rows]))
+
+
+def batch_decoder(pair, config: DecodingConfig, policy: BatchPolicy) -> BatchDecoder:
+    """A BatchDecoder over ``pair`` (a ModelPair) loading only the models ``config.method`` uses."""
+
+    def prefix_for(input_ids: torch.Tensor) -> torch.Tensor:
+        if pair.is_encoder_decoder:
+            return torch.tensor([pair.decoder_start_token_id], dtype=torch.long)
+        return input_ids
+
+    return BatchDecoder(
+        pair.small if config.method != "large" else None,
+        pair.large if config.method != "small" else None,
+        config,
+        policy,
+        pair.eos_token_ids,
+        prefix_for,
+        device=pair.device,
+        shares_encoder=pair.shares_encoder,
+    )
+
+
+def decode_batch(pair, config: DecodingConfig, policy: BatchPolicy, requests: Sequence[BatchRequest]) -> list[BatchOutput]:
+    """Decode ``requests`` with ``pair`` (a ModelPair), ``policy.batch_size`` rows at a time."""
+    return batch_decoder(pair, config, policy).run(requests)

@@ -1,0 +1,212 @@
+"""Batched decoding (pipeline.decoding.batch): every row decodes as it would alone.
+
+The invariants of DESIGN.md §1 hold per row inside a batch: greedy BiLD with alpha_RB = 0
+reproduces each row's large-model greedy output; a row's tokens and statistics equal those of
+the record decoded alone (greedy and sampling), whatever other records share the batch; and
+batched speculative sampling keeps the large model's distribution (with a negative control).
+"""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import TEXTS, tiny_pair
+from pipeline.decoding import DecodingConfig, Generator
+from pipeline.decoding.batch import BatchDecoder, BatchPolicy, BatchRequest, batch_decoder, decode_batch
+from test_distribution import P_FLOOR, VOCAB, tiny_vocab_pair
+
+FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
+MAX_NEW = 24
+# Inputs of different lengths (so rows finish at different times and others join).
+INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut.",
+                  "Die Sonne scheint.", "Ein alter Mann liest eine Zeitung auf der Bank vor dem Haus."]
+
+
+def requests_for(pair, texts, seeds=None):
+    generator = Generator(pair, DecodingConfig())
+    seeds = seeds or list(range(len(texts)))
+    return [BatchRequest(generator.encode(text)[0][0], seed) for text, seed in zip(texts, seeds)]
+
+
+def alone(pair, config, texts, seeds=None):
+    """Each record decoded by itself with the record-by-record loop."""
+    generator = Generator(pair, config)
+    seeds = seeds or list(range(len(texts)))
+    return [generator.generate_one(text, seed=seed) for text, seed in zip(texts, seeds)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("small_kind, seed", [("independent", 0), ("noisy", 1)])
+def test_batched_greedy_bild_without_rollback_threshold_is_each_rows_large_greedy_output(family, small_kind, seed):
+    pair = tiny_pair(family, small_kind, seed)
+    expected = alone(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW), INPUTS)
+    assert max(len(set(r.token_ids)) for r in expected) >= 5  # non-trivial outputs
+    totals = dict(fallbacks=0, rollbacks=0, small_tokens=0)
+    for threshold, window, (size, share) in [(0.2, 1, (3, 0.25)), (0.6, 4, (8, 1.0)), (0.6, 10, (3, 0.5)),
+                                             (0.2, 10, (8, 0.25))]:
+        config = DecodingConfig(method="bild", rollback_threshold=0.0, fallback_threshold=threshold,
+                                max_draft_tokens=window, max_new_tokens=MAX_NEW)
+        outputs = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
+        for want, got in zip(expected, outputs):
+            assert got.tokens == want.token_ids, f"fb={threshold} k={window} B={size}"
+            s = got.stats
+            assert s.small_tokens + s.large_tokens == s.output_tokens == len(got.tokens)
+            for key in totals:
+                totals[key] += getattr(s, key)
+    # The paths under test ran: fallbacks and rollbacks; with a noisy copy, kept drafts too.
+    assert totals["fallbacks"] and totals["rollbacks"], totals
+    assert totals["small_tokens"] or small_kind == "independent", totals
+
+
+CONFIGS = {
+    "large": dict(method="large"),
+    "small": dict(method="small"),
+    "bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=2.0, max_draft_tokens=4),
+    "speculative": dict(method="speculative", max_draft_tokens=3),
+    "speculative_fallback_window": dict(method="speculative", draft_window="fallback", fallback_threshold=0.5),
+    "bild_sampling": dict(method="bild", do_sample=True, temperature=0.9, top_p=0.95, fallback_threshold=0.5),
+    "speculative_sampling": dict(method="speculative", do_sample=True, max_draft_tokens=3),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_row_in_a_batch_decodes_exactly_as_alone(family, name):
+    pair = tiny_pair(family, "noisy", 0)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, **CONFIGS[name])
+    expected = alone(pair, config, INPUTS)
+    for size, share in [(3, 1.0), (16, 0.25)]:
+        outputs = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
+        for want, got in zip(expected, outputs):
+            assert got.tokens == want.token_ids, f"B={size} share={share}"
+            assert got.stats.to_dict() == want.stats.to_dict(), f"B={size} share={share}"
+
+
+@pytest.mark.parametrize("name", ["bild", "bild_sampling", "speculative_sampling"])
+def test_results_do_not_depend_on_which_records_share_the_batch(name):
+    pair = tiny_pair("t5", "noisy", 1)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, **CONFIGS[name])
+    target_text, target_seed = INPUTS[1], 11
+    companies = [[], INPUTS[2:5], INPUTS[::-1]]
+    seen = []
+    for company, size in [(companies[0], 2), (companies[1], 8), (companies[2], 2), (companies[2], 8)]:
+        texts = company[: len(company) // 2] + [target_text] + company[len(company) // 2 :]
+        seeds = [100 + i for i in range(len(texts))]
+        seeds[len(company) // 2] = target_seed
+        outputs = decode_batch(pair, config, BatchPolicy(size), requests_for(pair, texts, seeds))
+        target = outputs[len(company) // 2]
+        seen.append((target.tokens, target.stats.to_dict()))
+    assert all(s == seen[0] for s in seen), "a row's output changed with its batch company"
+
+
+def test_continuous_batching_keeps_the_batch_full_and_shares_forward_passes():
+    pair = tiny_pair("t5", "noisy", 0)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    texts = INPUTS * 3
+    decoder = batch_decoder(pair, config, BatchPolicy(batch_size=4, refill_share=0.25))
+    admissions = []
+    original = decoder.large.admit
+    decoder.large.admit = lambda slots, *rest: (admissions.append(len(slots)), original(slots, *rest))[1]
+    outputs = decoder.run(requests_for(pair, texts))
+    assert sum(admissions) == len(texts) and admissions[0] == 4
+    assert len(admissions) > len(texts) // 4  # finished rows were replaced while others ran
+    # Each model pass served several rows: far fewer passes than the rows' own call counts.
+    assert decoder.large.calls < 0.6 * sum(o.stats.large_calls for o in outputs)
+    assert decoder.small.calls < 0.6 * sum(o.stats.small_calls for o in outputs)
+
+
+@pytest.mark.parametrize("method", ["speculative", "negative_control"])
+def test_batched_speculative_sampling_preserves_the_large_models_distribution(method):
+    small, large = tiny_vocab_pair()
+    prefix = torch.tensor([2, 3, 4])
+    with torch.inference_mode():
+        first = torch.softmax(large(prefix[None]).logits[0, -1], -1)
+        second = torch.stack([
+            torch.softmax(large(torch.cat([prefix, torch.tensor([a])])[None]).logits[0, -1], -1) for a in range(VOCAB)
+        ])
+    expected = (first[:, None] * second).flatten()  # pL(a, b | prefix)
+    control = method == "negative_control"
+    config = DecodingConfig(method="small" if control else "speculative", do_sample=True, max_new_tokens=2,
+                            max_draft_tokens=2)
+    samples = 3000
+    decoder = BatchDecoder(small, None if control else large, config, BatchPolicy(batch_size=32), frozenset(),
+                           prefix_for=lambda ids: ids)
+    outputs = decoder.run([BatchRequest(prefix, seed=seed) for seed in range(samples)])
+    counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
+    for out in outputs:
+        counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
+    result = chisquare(counts, expected * samples)
+    if control:  # the small model's own samples: the same test must tell them apart
+        assert result.pvalue < 1e-6, result
+    else:
+        assert result.pvalue > P_FLOOR, result
+
+
+def test_bad_records_in_a_batch_get_their_own_errors():
+    pair = tiny_pair("t5", "noisy", 0)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW)
+    texts = [INPUTS[0], "", None, INPUTS[1], "   ", INPUTS[2]]
+    results = Generator(pair, config).generate(texts, seeds=[0] * 6, batch=BatchPolicy(4))
+    errors = [r.error for r in results]
+    assert errors[0] is None and errors[3] is None and errors[5] is None
+    assert "empty" in errors[1] and "string" in errors[2] and "empty" in errors[4]
+    expected = alone(pair, config, [INPUTS[0], INPUTS[1], INPUTS[2]], seeds=[0, 0, 0])
+    assert [results[i].token_ids for i in (0, 3, 5)] == [r.token_ids for r in expected]
+    assert all(results[i].latency_ms > 0 for i in (0, 3, 5))
+
+
+def test_a_failing_batch_is_retried_record_by_record(monkeypatch):
+    import pipeline.decoding.generator as generator_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(generator_module, "decode_batch", broken)
+    pair = tiny_pair("t5", "noisy", 0)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW)
+    results = Generator(pair, config).generate(INPUTS[:3], batch=BatchPolicy(4))
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone(pair, config, INPUTS[:3], [0, 0, 0])]
+
+
+def test_policy_rejects_nonsense():
+    for bad in (dict(batch_size=0), dict(verify_share=0.0), dict(verify_share=1.5), dict(refill_share=0)):
+        with pytest.raises(ValueError):
+            BatchPolicy(**bad)
+
+
+def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(saved_tiny_pair):
+    import pyarrow as pa
+
+    from pipeline.stage import DecodeStage, DecodeStageSpec
+
+    small, large = saved_tiny_pair
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    records = pa.table({"id": [f"r{i}" for i in range(8)], "text": INPUTS, "reference": ["x"] * 8,
+                        "input_error": [None] * 7 + ["unreadable"]})
+    tables = {}
+    for size in (1, 4):
+        spec = DecodeStageSpec(small=small, large=large, tokenizer=None, dtype="float32", device="cpu",
+                               trust_remote_code=False, points=(("bild", config),), prompt=None, job_name="t",
+                               config_hash="h", batch_size=size)
+        tables[size] = DecodeStage(spec)(records).to_pylist()
+    one, batched = tables[1], tables[4]
+    assert [r["id"] for r in batched] == [r["id"] for r in one]
+    same = ("prediction", "error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
+            "small_calls", "large_calls", "draft_tokens")
+    assert [[r[k] for k in same] for r in batched] == [[r[k] for k in same] for r in one]
+    assert batched[-1]["error"] == "unreadable"
+    assert all(r["latency_ms"] > 0 for r in batched[:-1])
+
+
+def test_job_compute_keys_map_onto_the_batch_policy():
+    from pipeline.jobs.schema import ComputeSection
+
+    compute = ComputeSection()
+    assert compute.verify_share == BatchPolicy().verify_share
+    assert compute.records_per_actor_call() == 4 * compute.batch_size
+    assert ComputeSection(batch_size=16, records_per_call=100).records_per_actor_call() == 100
+    with pytest.raises(ValueError, match="verify_share"):
+        ComputeSection(verify_share=0)
