@@ -10,6 +10,7 @@ same method's outputs at batch size 1; the report says whether they do.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -87,8 +88,8 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
 
 
 def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats: int) -> dict:
-    def rate(cell: Cell) -> float:
-        return sum(len(t) for t in cell.tokens) * len(cell.seconds) / sum(cell.seconds)
+    def rate(cell: Cell) -> float:  # over the median repetition: one disturbed repetition does not move it
+        return sum(len(t) for t in cell.tokens) / statistics.median(cell.seconds)
 
     one = {c.method: c for c in cells if c.batch_size == 1}
     loop = {c.method: c for c in cells if c.batch_size == 0}
@@ -97,6 +98,7 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         row = {"cell": cell.name, "method": cell.method, "batch_size": cell.batch_size or 1,
                "path": "loop" if cell.batch_size == 0 else "batch", "verify_share": cell.verify_share,
                "output_tokens": sum(len(t) for t in cell.tokens), "tokens_per_s": rate(cell),
+               "seconds": [round(s, 3) for s in cell.seconds],
                "identical_to_b1": cell.tokens == loop[cell.method].tokens}
         row["ratio_vs_loop_b1"] = row["tokens_per_s"] / rate(loop[cell.method])
         if cell.method in one:
@@ -125,7 +127,8 @@ def render_markdown(report: dict) -> str:
 
     columns = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
                "large_calls", "large_padding_share", "bleu", "identical_to_b1"]
-    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order), "
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order; "
+             "tokens/s over each cell's median repetition), "
              f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, greedy",
              "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in report["rows"]:

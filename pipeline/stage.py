@@ -65,7 +65,7 @@ class DecodeStageSpec:
     torch_threads: int = 1
     sweep: bool = False  # adds the `point` column
     batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
-    verify_share: float = 0.5
+    verify_share: float = 1.0
 
 
 def record_seed(base_seed: int, record_id: str) -> int:

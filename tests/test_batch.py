@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from conftest import TEXTS, tiny_pair
 from pipeline.decoding import DecodingConfig, Generator
-from pipeline.decoding.batch import BatchDecoder, BatchPolicy, BatchRequest, batch_decoder, decode_batch
+from pipeline.decoding.batch import BatchDecoder, BatchPolicy, BatchRequest, _Row, batch_decoder, decode_batch
 from test_distribution import P_FLOOR, VOCAB, tiny_vocab_pair
 
 FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
@@ -116,6 +116,23 @@ def test_continuous_batching_keeps_the_batch_full_and_shares_forward_passes():
     # Each model pass served several rows: far fewer passes than the rows' own call counts.
     assert decoder.large.calls < 0.6 * sum(o.stats.large_calls for o in outputs)
     assert decoder.small.calls < 0.6 * sum(o.stats.small_calls for o in outputs)
+
+
+@pytest.mark.parametrize("overhead, expected", [
+    (None, [[1, 1, 9, 9, 11]]),  # no fit yet: one pass
+    (100.0, [[1, 1, 9, 9, 11]]),  # a call costs more than all the padding
+    (5.0, [[1, 1], [9, 9, 11]]),  # short tails apart from long ones
+    (0.5, [[1, 1], [9, 9], [11]]),  # calls almost free: no padding at all
+])
+def test_verification_is_split_where_padding_costs_more_than_a_call(overhead, expected):
+    pair = tiny_pair("t5", "noisy", 0)
+    decoder = batch_decoder(pair, DecodingConfig(method="bild"), BatchPolicy(batch_size=8))
+    decoder.large.call_cost.overhead_in_positions = lambda: overhead
+    tails = [9, 1, 11, 1, 9]  # the large model has cached nothing: a row's tail is its length
+    rows = [_Row(request=i, slot=i, start=0, length=t, joined=0.0, sampler=None) for i, t in enumerate(tails)]
+    groups = decoder._verify_groups(rows)
+    assert [sorted(row.length for row in group) for group in groups] == expected
+    assert sorted(row.slot for group in groups for row in group) == list(range(len(rows)))
 
 
 @pytest.mark.parametrize("method", ["speculative", "negative_control"])

@@ -5,7 +5,7 @@ A batch holds up to ``batch_size`` active rows. Each round either
 - *drafts*: the small model predicts one token for every drafting row in one forward pass;
   a row that falls back (max pS < alpha_FB), writes EOS or fills its window stops and waits; or
 - *verifies*: the large model reads the pending drafts of every waiting row in one padded
-  forward pass; each row's policy verdict keeps a prefix of its drafts and appends the large
+  forward pass (or a few, see ``_verify_groups``); each row's policy verdict keeps a prefix of its drafts and appends the large
   model's token, and both models' caches of that row are cut back to what it kept.
 
 The large model is called when at least ``verify_share`` of the active rows wait (always when
@@ -38,8 +38,9 @@ class BatchPolicy:
 
     batch_size: int = 16
     # Call the large model when this share of the active rows waits for verification. Lower
-    # shares verify sooner (rows wait less), higher ones fill the large model's batch more.
-    verify_share: float = 0.5
+    # shares verify sooner (rows wait less), higher ones fill the large model's batch more; 1.0
+    # (every row waits) gave the most tokens/s at B=4 and B=16 in BENCHMARKS.md.
+    verify_share: float = 1.0
     # Admit queued records once this share of the slots is free (always when the batch is
     # empty): newcomers then share one encoder pass and one first decoder pass.
     refill_share: float = 0.25
@@ -230,14 +231,16 @@ class BatchDecoder:
                 row.waiting = True
 
     def _verify(self, rows: list[_Row]) -> list[_Row]:
-        """Verify the waiting rows: one large-model pass, or two when rows with short and long
-        pending tails are better padded apart (by the measured cost of a call, see CallCost)."""
+        """Verify the waiting rows: one large-model pass, or several when rows with short and
+        long pending tails are better padded apart (by the measured cost of a call, see CallCost)."""
         finished = []
         for group in self._verify_groups(rows):
             finished.extend(self._verify_group(group))
         return finished
 
     def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
+        """Rows sorted by pending tail, cut into the groups that cost the fewest positions when
+        every extra pass costs ``overhead`` positions (a shortest-path over the cut points)."""
         overhead = self.large.call_cost.overhead_in_positions()
         if overhead is None or len(rows) < 2:
             return [rows]
@@ -245,17 +248,19 @@ class BatchDecoder:
         tails = [row.length + row.drafts - int(cached[row.slot]) for row in rows]  # tokens to feed
         order = sorted(range(len(rows)), key=tails.__getitem__)
         ranked = [tails[i] for i in order]
-        skip = sum(1 for t in ranked if t == 0)  # rows fed nothing (kept logits suffice) cost nothing
-        fed = ranked[skip:]
-        # Padded positions of one pass over all fed rows vs two passes split after the i-th shortest.
-        best, split = len(fed) * (fed[-1] if fed else 0), None
-        for i in range(1, len(fed)):
-            cost = overhead + i * fed[i - 1] + (len(fed) - i) * fed[-1]
-            if cost < best:
-                best, split = cost, skip + i
-        if split is None:
-            return [rows]
-        return [[rows[i] for i in order[:split]], [rows[i] for i in order[split:]]]
+        # cost[j]: the cheapest way to verify the j shortest rows; a group (i, j] is padded to ranked[j-1].
+        cost, cut = [0.0] + [float("inf")] * len(rows), [0] * (len(rows) + 1)
+        for j in range(1, len(rows) + 1):
+            for i in range(j):
+                fed = ranked[j - 1] > 0  # a group fed nothing (kept logits suffice) makes no call
+                candidate = cost[i] + (overhead + (j - i) * ranked[j - 1] if fed else 0.0)
+                if candidate < cost[j]:
+                    cost[j], cut[j] = candidate, i
+        groups, j = [], len(rows)
+        while j > 0:
+            groups.append([rows[k] for k in order[cut[j] : j]])
+            j = cut[j]
+        return groups[::-1]
 
     def _verify_group(self, rows: list[_Row]) -> list[_Row]:
         """One large-model pass over the pending drafts of these waiting rows (see loop.verify)."""

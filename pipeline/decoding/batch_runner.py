@@ -67,6 +67,11 @@ class _SlotPool:
             for pooled, tensor in zip(pool, new):
                 pooled[slots[:, None], :, positions] = tensor.transpose(1, 2)  # [R, W, H, D]
 
+    def rows(self, slots: torch.Tensor, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (keys, values) [R, H, width, D]: the first ``width`` positions of ``slots``
+        (a plain row selection, several times cheaper than ``read``'s per-row positions)."""
+        return [tuple(t.index_select(0, slots)[:, :, :width].contiguous() for t in pool) for pool in self.layers]
+
     def read(self, slots: torch.Tensor, index: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's (keys, values) [R, H, P, D] at per-row positions ``index`` [R, P]."""
         return [tuple(t[slots[:, None], :, index].transpose(1, 2) for t in pool) for pool in self.layers]
@@ -197,36 +202,37 @@ class BatchedDecoder:
         if bool((first < cached - 1).any()) or bool(((first == cached - 1) & ~self.last_valid[slots]).any()):
             raise RuntimeError("a wanted prediction lies before the cached prefix and was not kept")
         fed = (tail > 0).nonzero().squeeze(1)
-        block_logits = None
+        fed_tail = tail[fed]
         if len(fed):
-            block_logits = self._forward(slots[fed], sequence, cached[fed], tail[fed])  # [F, W, V]
-        # Per row: its kept last logits (position cached-1), then the fed block (cached ..).
-        stored = self.last_logits[slots] if self.last_logits is not None else None
+            packed = self._forward(slots[fed], sequence, cached[fed], fed_tail)  # [sum(tail), V]
+        if len(fed) == len(slots) and bool(((tail == 1) & (wanted == 1)).all()):
+            # The common drafting step: every row fed one token and wants its prediction.
+            self._remember(slots, upto, packed, tail)
+            return packed[:, None, :]  # [R, 1, V]
+        # One table to gather from: each row's kept logits (position cached-1), the fed rows'
+        # new logits one after another (position cached + j), and a zero row for padding.
+        stored = self.last_logits[slots] if self.last_logits is not None else packed.new_zeros((len(slots), packed.shape[-1]))
+        offsets = torch.zeros(len(slots), dtype=torch.long)
+        offsets[fed] = torch.cumsum(fed_tail, 0) - fed_tail
+        parts = [stored, packed] if len(fed) else [stored]
+        table = torch.cat(parts + [stored.new_zeros((1, stored.shape[-1]))])
         width = int(wanted.max())
-        rows = []
-        fed_row = {int(r): i for i, r in enumerate(fed.tolist())}
-        for r in range(len(slots)):
-            start = int(first[r]) - (int(cached[r]) - 1)  # 0 means "the kept logits"
-            parts = []
-            if start == 0:
-                parts.append(stored[r : r + 1])
-            if r in fed_row:
-                i = fed_row[r]
-                parts.append(block_logits[i, max(start - 1, 0) : int(tail[r])])
-            got = torch.cat(parts) if len(parts) > 1 else parts[0]
-            if got.shape[0] < width:
-                got = torch.cat([got, got.new_zeros((width - got.shape[0], got.shape[1]))])
-            rows.append(got)
-        result = torch.stack(rows)
-        if len(fed):  # remember each fed row's last logits and how far it is cached
-            fed_slots = slots[fed]
-            last = block_logits[torch.arange(len(fed)), tail[fed] - 1]
-            if self.last_logits is None:
-                self.last_logits = last.new_zeros((self.slots, last.shape[-1]))
-            self.last_logits[fed_slots] = last
-            self.last_valid[fed_slots] = True
-            self.cached[fed_slots] = upto[fed]
+        k = torch.arange(width)[None, :]
+        relative = first[:, None] + k - cached[:, None]  # [R, W] -1: the kept logits, j >= 0: fed j
+        source = torch.where(relative < 0, torch.arange(len(slots))[:, None], len(slots) + offsets[:, None] + relative)
+        source = torch.where(k < wanted[:, None], source, table.shape[0] - 1)
+        result = table[source.to(table.device)]  # [R, W, V]
+        if len(fed):
+            self._remember(slots[fed], upto[fed], packed, fed_tail)
         return result
+
+    def _remember(self, slots: torch.Tensor, upto: torch.Tensor, packed: torch.Tensor, tail: torch.Tensor) -> None:
+        """After feeding ``slots``: keep each one's last logits and how far it is cached."""
+        if self.last_logits is None:
+            self.last_logits = packed.new_zeros((self.slots, packed.shape[-1]))
+        self.last_logits[slots] = packed[torch.cumsum(tail, 0) - 1]
+        self.last_valid[slots] = True
+        self.cached[slots] = upto
 
     def _forward(self, slots: torch.Tensor, sequence: torch.Tensor, cached: torch.Tensor, tail: torch.Tensor):
         """One padded forward over ``slots``: feeds sequence[slot, cached:cached+tail] for each."""
@@ -261,15 +267,18 @@ class BatchedDecoder:
                 position_ids=positions.to(self.device),
                 cache=self_cache,
             )
+        real = steps[None, :] < tail[:, None]  # [F, W] fed tokens, not padding
         started = time.perf_counter()
-        with self._own_positions(positions.to(self.device)):
+        with self._own_positions(positions.to(self.device)), self._head_on(real.to(self.device)):
             out = self.model(**kwargs)
         elapsed = time.perf_counter() - started
         self.forward_seconds += elapsed
         self.calls += 1
         self.tokens_fed += int(tail.sum())
         self.positions_computed += len(slots) * width  # padding included
-        self.call_cost.add(len(slots) * width, elapsed)
+        if not self.is_encoder_decoder or bool(self.cross_ready[slots].all()):
+            # Calls that also project newcomers' encoder states cost more than their positions say.
+            self.call_cost.add(len(slots) * width, elapsed)
 
         cache = kwargs["cache"]  # filled in place by the model
         self_layers = cache.self_attention_cache if self.is_encoder_decoder else cache
@@ -277,7 +286,10 @@ class BatchedDecoder:
         self.self_pool.write(device_slots, positions.to(self.device), new)
         if self.is_encoder_decoder:
             self._keep_cross(slots, cache.cross_attention_cache)
-        return out.logits  # [F, W, V]
+        logits = out.logits
+        if logits.shape[:2] == real.shape:  # the head saw the padded block (see _head_on)
+            return logits[real.to(logits.device)]
+        return logits.reshape(-1, logits.shape[-1])  # [sum(tail), V], rows one after another
 
     def _cross(self, slots: torch.Tensor):
         """The cross-attention cache and encoder states of ``slots`` (computed by the model for
@@ -294,8 +306,7 @@ class BatchedDecoder:
         encoder = {"states": states, "mask": mask}
         if not bool(self.cross_ready[slots].all()):
             return DynamicCache(), encoder  # empty: the model fills it from `states`
-        layers = [(k.contiguous(), v.contiguous()) for k, v in
-                  self.cross_pool.read(device_slots, torch.arange(width).expand(len(slots), -1).to(self.device))]
+        layers = self.cross_pool.rows(device_slots, width)
         self._cross_memo = (key, (layers, encoder))
         return DynamicCache(layers), encoder
 
@@ -316,6 +327,29 @@ class BatchedDecoder:
         shorter = keep < cached
         self.last_valid[slots[shorter]] = False
         self.cached[slots] = torch.minimum(cached, keep)
+
+    # --- the language-model head only where a token was fed -----------------------------------
+
+    @contextlib.contextmanager
+    def _head_on(self, real: torch.Tensor):
+        """While the model runs, its output head reads only the hidden states of ``real`` [F, W]
+        positions, packed as one row [1, N, d]: padding costs no vocabulary projection."""
+        head = self.model.get_output_embeddings()
+        if head is None:
+            yield
+            return
+
+        def pack(module, args):
+            hidden = args[0]
+            if hidden.shape[:2] != real.shape:
+                return None  # an unexpected layout: leave it (the caller packs the logits)
+            return (hidden[real][None],) + tuple(args[1:])
+
+        handle = head.register_forward_pre_hook(pack)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     # --- absolute positions for BART-like decoders ----------------------------------------------
 

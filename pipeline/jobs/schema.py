@@ -67,8 +67,9 @@ class ComputeSection(_Section):
         description="Records an actor decodes together (continuous batching, each with its own fallbacks and "
                     "rollbacks); 1 decodes record by record.")
     verify_share: float = Field(
-        default=0.5, gt=0.0, le=1.0,
-        description="Batched bild/speculative: call the large model once this share of the batch waits for it.")
+        default=1.0, gt=0.0, le=1.0,
+        description="Batched bild/speculative: call the large model once this share of the batch waits for it "
+                    "(1.0, measured fastest in BENCHMARKS.md: once every row waits).")
     records_per_call: int | None = Field(
         default=None, ge=1,
         description="Records Ray hands an actor per call (default 4 x batch_size: rows to refill the batch from).")
