@@ -5,8 +5,9 @@ A batch holds up to ``batch_size`` active rows. Each round either
 - *drafts*: the small model predicts one token for every drafting row in one forward pass;
   a row that falls back (max pS < alpha_FB), writes EOS or fills its window stops and waits; or
 - *verifies*: the large model reads the pending drafts of every waiting row in one padded
-  forward pass (or a few, see ``_verify_groups``); each row's policy verdict keeps a prefix of its drafts and appends the large
-  model's token, and both models' caches of that row are cut back to what it kept.
+  forward pass (or a few, see ``_verify_groups``); each row's policy verdict keeps a prefix of
+  its drafts and appends the large model's token, and both models' caches of that row are cut
+  back to what it kept.
 
 The large model is called when at least ``verify_share`` of the active rows wait (always when
 none is left drafting). A row drafts and is verified exactly as it would be alone, so its

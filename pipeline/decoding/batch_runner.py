@@ -211,7 +211,10 @@ class BatchedDecoder:
             return packed[:, None, :]  # [R, 1, V]
         # One table to gather from: each row's kept logits (position cached-1), the fed rows'
         # new logits one after another (position cached + j), and a zero row for padding.
-        stored = self.last_logits[slots] if self.last_logits is not None else packed.new_zeros((len(slots), packed.shape[-1]))
+        if self.last_logits is None:  # nothing kept yet: every wanted prediction is fed
+            stored = packed.new_zeros((len(slots), packed.shape[-1]))
+        else:
+            stored = self.last_logits[slots]  # [R, V]
         offsets = torch.zeros(len(slots), dtype=torch.long)
         offsets[fed] = torch.cumsum(fed_tail, 0) - fed_tail
         parts = [stored, packed] if len(fed) else [stored]
