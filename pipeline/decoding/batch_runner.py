@@ -254,8 +254,11 @@ class BatchedDecoder:
         self_cache = DynamicCache(self.self_pool.read(device_slots, index.to(self.device)) if past else None)
 
         kwargs = dict(use_cache=True)
+        # Rows that joined since their last call have no cross-attention keys yet: this call projects
+        # the encoder states of every row in it (and stores them), so it costs more than its positions.
+        projects_encoder = self.is_encoder_decoder and not bool(self.cross_ready[slots].all())
         if self.is_encoder_decoder:
-            cross_cache, encoder = self._cross(slots)
+            cross_cache, encoder = self._cross(slots, projects_encoder)
             kwargs.update(
                 encoder_outputs=BaseModelOutput(last_hidden_state=encoder["states"]),
                 attention_mask=encoder["mask"],
@@ -279,24 +282,23 @@ class BatchedDecoder:
         self.calls += 1
         self.tokens_fed += int(tail.sum())
         self.positions_computed += len(slots) * width  # padding included
-        if not self.is_encoder_decoder or bool(self.cross_ready[slots].all()):
-            # Calls that also project newcomers' encoder states cost more than their positions say.
+        if not projects_encoder:
             self.call_cost.add(len(slots) * width, elapsed)
 
         cache = kwargs["cache"]  # filled in place by the model
         self_layers = cache.self_attention_cache if self.is_encoder_decoder else cache
         new = [(layer.keys[:, :, past:], layer.values[:, :, past:]) for layer in self_layers.layers]
         self.self_pool.write(device_slots, positions.to(self.device), new)
-        if self.is_encoder_decoder:
+        if projects_encoder:
             self._keep_cross(slots, cache.cross_attention_cache)
         logits = out.logits
         if logits.shape[:2] == real.shape:  # the head saw the padded block (see _head_on)
             return logits[real.to(logits.device)]
         return logits.reshape(-1, logits.shape[-1])  # [sum(tail), V], rows one after another
 
-    def _cross(self, slots: torch.Tensor):
-        """The cross-attention cache and encoder states of ``slots`` (computed by the model for
-        rows that have none yet: then every row of this call recomputes them once)."""
+    def _cross(self, slots: torch.Tensor, projects_encoder: bool):
+        """The cross-attention cache and encoder states of ``slots``; an empty cache where some row
+        has none yet (``projects_encoder``: the model then computes them for every row of the call)."""
         key = tuple(slots.tolist())
         if self._cross_memo is not None and self._cross_memo[0] == key:
             layers, encoder = self._cross_memo[1]
@@ -307,15 +309,13 @@ class BatchedDecoder:
         states = self.encoder_states[device_slots, :width]
         mask = (torch.arange(width)[None, :] < lengths[:, None]).long().to(self.device)
         encoder = {"states": states, "mask": mask}
-        if not bool(self.cross_ready[slots].all()):
+        if projects_encoder:
             return DynamicCache(), encoder  # empty: the model fills it from `states`
         layers = self.cross_pool.rows(device_slots, width)
         self._cross_memo = (key, (layers, encoder))
         return DynamicCache(layers), encoder
 
     def _keep_cross(self, slots: torch.Tensor, cross_cache: DynamicCache) -> None:
-        if bool(self.cross_ready[slots].all()):
-            return
         layers = [(layer.keys, layer.values) for layer in cross_cache.layers]
         width = layers[0][0].shape[2]
         positions = torch.arange(width)[None, :].expand(len(slots), -1).to(self.device)
