@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,7 +76,9 @@ def hf_greedy(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, ass
 
 
 def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int,
-                methods: tuple[str, ...] = OURS + HF) -> dict[str, MethodRun]:
+                methods: tuple[str, ...] = OURS + HF,
+                between_records: Callable[[], None] | None = None) -> dict[str, MethodRun]:
+    """Every method on every input, interleaved; ``between_records`` runs after each input's turn."""
     generators = {name: Generator(pair, dataclasses.replace(bild, method=name, do_sample=False))
                   for name in OURS if name in methods}
     encoded = [Generator(pair, bild).encode(text)[0].to(pair.device) for text in texts]
@@ -105,6 +108,8 @@ def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats
                     runs[name].tokens[index] = tokens
                     if name in generators:
                         runs[name].add_stats(output.stats)
+            if between_records is not None:
+                between_records()
     return runs
 
 
@@ -153,38 +158,76 @@ def _same_output(a: list[int], b: list[int], eos: frozenset[int]) -> bool:
 # --- cost model --------------------------------------------------------------------------------------
 
 
+class _StepTimer:
+    """Times one decoder forward of ``model`` feeding ``width`` new tokens after ``context`` cached ones."""
+
+    def __init__(self, model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_decoder: bool,
+                 width: int, context: int = 16):
+        self.model, self.input_ids = model, input_ids
+        self.encoded = None
+        if is_encoder_decoder:
+            with torch.inference_mode():
+                self.encoded = model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        filler = torch.full((1, context + width), 5, dtype=torch.long, device=input_ids.device)
+        self.base = torch.cat([prefix, filler], dim=1)
+        self.cached = prefix.shape[1] + context
+
+    def once(self) -> float:
+        mask = torch.ones_like(self.input_ids) if self.encoded is not None else None
+        runner = CachedDecoder(self.model, self.encoded, mask)
+        runner.forward(self.base[:, : self.cached])
+        sync_device(self.input_ids.device)
+        start = time.perf_counter()
+        runner.forward(self.base)
+        sync_device(self.input_ids.device)
+        return time.perf_counter() - start
+
+
 def time_step(model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_decoder: bool, width: int,
               context: int = 16, reps: int = 20) -> float:
     """Median seconds of one decoder forward feeding `width` new tokens after `context` cached ones."""
-    device = input_ids.device
-    encoded = None
-    if is_encoder_decoder:
-        with torch.inference_mode():
-            encoded = model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
-    base = torch.cat([prefix, torch.full((1, context + width), 5, dtype=torch.long, device=device)], dim=1)
-    times = []
+    timer = _StepTimer(model, input_ids, prefix, is_encoder_decoder, width, context)
+    return statistics.median(timer.once() for _ in range(reps))
+
+
+class CostSampler:
+    """The cost model's step timings, taken a few at a time between the records of the runs.
+
+    A shared machine's speed drifts by tens of percent over minutes; timing the steps in the same
+    phases as the runs keeps measured/predicted about the decode loop, not about the drift.
+    """
+
+    def __init__(self, pair: ModelPair, text: str, max_width: int):
+        input_ids, _ = Generator(pair, DecodingConfig()).encode(text)
+        input_ids = input_ids.to(pair.device)
+        _, _, prefix = pair.runners(input_ids, small=False, large=False)
+        enc_dec = pair.is_encoder_decoder
+        self.timers = {"small": _StepTimer(pair.small, input_ids, prefix, enc_dec, 1),
+                       "large": _StepTimer(pair.large, input_ids, prefix, enc_dec, 1)}
+        self.timers.update({k: _StepTimer(pair.large, input_ids, prefix, enc_dec, k) for k in range(1, max_width + 2)})
+        self.times: dict = {key: [] for key in self.timers}
+
+    def sample(self) -> None:
+        for key, timer in self.timers.items():
+            self.times[key].append(timer.once())
+
+    def warm_up(self) -> None:
+        self.sample()
+        self.times = {key: [] for key in self.timers}
+
+    def result(self) -> dict:
+        median = {key: statistics.median(times) for key, times in self.times.items()}
+        verify = {key: value for key, value in median.items() if isinstance(key, int)}
+        return {"small_step_s": median["small"], "large_step_s": median["large"], "large_verify_s": verify,
+                "cost_ratio_large_over_small": median["large"] / median["small"], "samples": len(self.times["small"])}
+
+
+def cost_model(pair: ModelPair, text: str, max_width: int, reps: int = 20) -> dict:
+    """The cost model timed now, ``reps`` times per step (see CostSampler to spread it over a run)."""
+    sampler = CostSampler(pair, text, max_width)
     for _ in range(reps):
-        runner = CachedDecoder(model, encoded, torch.ones_like(input_ids) if encoded is not None else None)
-        runner.forward(base[:, : prefix.shape[1] + context])
-        sync_device(device)
-        start = time.perf_counter()
-        runner.forward(base)
-        sync_device(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def cost_model(pair: ModelPair, text: str, max_width: int) -> dict:
-    input_ids, _ = Generator(pair, DecodingConfig()).encode(text)
-    input_ids = input_ids.to(pair.device)
-    _, _, prefix = pair.runners(input_ids, small=False, large=False)
-    step = {
-        "small": time_step(pair.small, input_ids, prefix, pair.is_encoder_decoder, 1),
-        "large": time_step(pair.large, input_ids, prefix, pair.is_encoder_decoder, 1),
-    }
-    verify = {k: time_step(pair.large, input_ids, prefix, pair.is_encoder_decoder, k) for k in range(1, max_width + 2)}
-    return {"small_step_s": step["small"], "large_step_s": step["large"], "large_verify_s": verify,
-            "cost_ratio_large_over_small": step["large"] / step["small"]}
+        sampler.sample()
+    return sampler.result()
 
 
 def predict_seconds(stats: DecodeStats, cost: dict) -> float:
@@ -255,9 +298,11 @@ def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device
 
 def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, bild: DecodingConfig,
               repeats: int = 3, with_projection: bool = True) -> dict:
-    runs = run_methods(pair, texts, bild, repeats)
+    sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
+    sampler.warm_up()
+    runs = run_methods(pair, texts, bild, repeats, between_records=sampler.sample)
     rows = summarize_methods(pair, runs, references)
-    cost = cost_model(pair, texts[0], bild.max_draft_tokens)
+    cost = sampler.result()
     encoders = {
         name: sum(encoder_seconds(pair, Generator(pair, bild).encode(t)[0].to(pair.device), models)
                   for t in texts)
@@ -296,7 +341,8 @@ def render_markdown(report: dict) -> str:
     for row in report["methods"]:
         lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
     cost = report["cost_model"]
-    lines += ["", "Cost model (median seconds on this hardware): "
+    sampled = f", each step timed {cost['samples']} times between the runs' records" if "samples" in cost else ""
+    lines += ["", f"Cost model (median seconds on this hardware{sampled}): "
               f"small step {1000 * cost['small_step_s']:.3f} ms, large step {1000 * cost['large_step_s']:.3f} ms "
               f"(ratio {cost['cost_ratio_large_over_small']:.2f}); large verification of k tokens: "
               + ", ".join(f"k={k} {1000 * v:.3f} ms" for k, v in cost["large_verify_s"].items())]

@@ -19,6 +19,10 @@ def test_bench_runs_every_method_side_by_side():
     assert rows["large"]["speedup_vs_large"] == 1.0
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
+    # The cost model's steps were timed between the records (2 inputs x 1 repetition), not after the runs.
+    assert report["cost_model"]["samples"] == 2
+    assert set(report["cost_model"]["large_verify_s"]) == set(range(1, config.max_draft_tokens + 2))
+    assert "each step timed 2 times between the runs' records" in render_markdown(report)
 
 
 def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1():
