@@ -85,11 +85,14 @@ class Generator:
                 input_tokens=input_ids.shape[1],
                 truncated=truncated,
             )
-        prediction = self.pair.tokenizer.decode(output.tokens, skip_special_tokens=True)
+        return self._decoded(output, input_ids, truncated, latency_ms)
+
+    def _decoded(self, output: DecodeOutput, input_ids: torch.Tensor, truncated: bool, latency_ms: float):
+        """The result of a record that decoded."""
         return GenerationResult(
-            prediction=prediction,
+            prediction=self.pair.tokenizer.decode(output.tokens, skip_special_tokens=True),
             error=None,
-            method=method,
+            method=self.config.method,
             input_tokens=input_ids.shape[1],
             truncated=truncated,
             latency_ms=latency_ms,
@@ -130,16 +133,7 @@ class Generator:
             return results
         for i, output in zip(order, outputs):
             input_ids, truncated = encoded[i]
-            results[i] = GenerationResult(
-                prediction=self.pair.tokenizer.decode(output.tokens, skip_special_tokens=True),
-                error=None,
-                method=method,
-                input_tokens=input_ids.shape[1],
-                truncated=truncated,
-                latency_ms=output.seconds * 1000.0,
-                stats=output.stats,
-                token_ids=output.tokens,
-            )
+            results[i] = self._decoded(output, input_ids, truncated, output.seconds * 1000.0)
         return results
 
     def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
