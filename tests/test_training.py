@@ -151,3 +151,34 @@ def test_export_writes_float16_weights_that_load_back_as_float32(tmp_path):
     assert next(reloaded.parameters()).dtype == torch.float32
     for name, tensor in reloaded.state_dict().items():
         assert torch.equal(tensor, large.state_dict()[name].half().float()), name
+
+
+def test_shape_option_overrides_the_large_models_shape_only():
+    import argparse
+
+    from pipeline.training.__main__ import parse_shape, train_config
+
+    assert parse_shape("num_decoder_layers=12") == ("num_decoder_layers", 12)
+    for bad in ("num_decoder_layers", "num_decoder_layers=twelve", "dropout_rate=1", "width=3"):
+        with pytest.raises(SystemExit, match="--shape"):
+            parse_shape(bad)
+    args = argparse.Namespace(seed=0, threads=1, device="cpu", val_subset=10,
+                              shape=["num_decoder_layers=12", "d_ff=1024"])
+    assert train_config(args, "large").shape_overrides == {"num_decoder_layers": 12, "d_ff": 1024}
+    assert train_config(args, "small").shape_overrides == {}  # the small model is cut from the large one
+
+
+def test_greedy_translate_handles_a_decoder_deeper_than_the_encoder(tmp_path):
+    """generate() sizes its own cache by T5's encoder depth; greedy_translate must not (IndexError)."""
+    from transformers import T5ForConditionalGeneration
+
+    from pipeline.training.evaluate import greedy_translate
+    from pipeline.training.model_shapes import t5_config
+
+    build_tokenizer(GERMAN * 20, ENGLISH * 20, tmp_path / "tok", vocab_size=70)
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    config = t5_config("small", len(tokenizer), d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1,
+                       num_decoder_layers=3)
+    model = T5ForConditionalGeneration(config).eval()
+    outputs = greedy_translate(model, tokenizer, GERMAN[:3], max_new_tokens=4)
+    assert len(outputs) == 3 and all(isinstance(text, str) for text in outputs)

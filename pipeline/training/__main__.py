@@ -58,8 +58,20 @@ def train_config(args, size: str):
         v = getattr(args, name, None)
         if v is not None:
             kw[name] = v
+    shape = dict(parse_shape(item) for item in getattr(args, "shape", None) or []) if size == "large" else {}
     return TrainConfig(size=size, seed=args.seed, threads=args.threads, device=args.device,
-                       val_subset=args.val_subset, **kw)
+                       val_subset=args.val_subset, shape_overrides=shape, **kw)
+
+
+def parse_shape(item: str) -> tuple[str, int]:
+    """``"num_decoder_layers=12"`` -> ``("num_decoder_layers", 12)``: one T5Config shape field."""
+    from .model_shapes import SHAPES
+
+    integer_fields = sorted(k for k, v in SHAPES["large"].items() if isinstance(v, int))
+    name, _, value = item.partition("=")
+    if name not in integer_fields or not value.strip().isdigit():
+        raise SystemExit(f"--shape {item!r}: expected FIELD=INTEGER with FIELD one of {integer_fields}")
+    return name, int(value)
 
 
 def cmd_train(args) -> Path:
@@ -165,6 +177,9 @@ def main(argv=None) -> None:
                         help="peak (relative, Adafactor) learning rate of the alignment fine-tune")
         sp.add_argument("--align-limit", type=int, default=0,
                         help="align on the first N training sources only (0: all)")
+        sp.add_argument("--shape", action="append", metavar="FIELD=N",
+                        help="override one field of the large model's shape (model_shapes.SHAPES), e.g. "
+                             "num_decoder_layers=12; repeatable. The small model is always cut from the large one")
         sp.add_argument("--split", default="test_2016_flickr")
         sp.add_argument("--export-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
                         help="dtype of the exported weights (float16: half the size; loaded back as float32)")

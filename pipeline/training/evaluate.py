@@ -21,6 +21,8 @@ def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None
                      batch_size: int = 64, max_new_tokens: int = 128,
                      max_source_tokens: int = 256) -> list[str]:
     """Greedy (num_beams=1) batched generation; sources are sorted by length for speed."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
     device = next(model.parameters()).device
     texts = [(prompt or "") + s for s in sources]
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -29,7 +31,10 @@ def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None
         idx = order[start:start + batch_size]
         enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
                         truncation=True, max_length=max_source_tokens).to(device)
-        gen = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens)
+        # A fresh, unsized cache: generate() would size its own by the encoder's depth, which
+        # breaks a decoder deeper than the encoder (T5's num_decoder_layers > num_layers).
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        gen = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, cache=cache)
         for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True)):
             out[i] = text.strip()
     return out  # type: ignore[return-value]
