@@ -16,13 +16,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     return model.to(device).eval()
 
 
+def _empty_cache():
+    """An empty seq2seq KV cache that grows with the decoder, whatever its depth."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+
 @torch.inference_mode()
 def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None = None,
                      batch_size: int = 64, max_new_tokens: int = 128,
                      max_source_tokens: int = 256) -> list[str]:
     """Greedy (num_beams=1) batched generation; sources are sorted by length for speed."""
-    from transformers import DynamicCache, EncoderDecoderCache
-
     device = next(model.parameters()).device
     texts = [(prompt or "") + s for s in sources]
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -33,8 +38,8 @@ def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None
                         truncation=True, max_length=max_source_tokens).to(device)
         # A fresh, unsized cache: generate() would size its own by the encoder's depth, which
         # breaks a decoder deeper than the encoder (T5's num_decoder_layers > num_layers).
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        gen = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, cache=cache)
+        gen = model.generate(**enc, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                             cache=_empty_cache())
         for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True)):
             out[i] = text.strip()
     return out  # type: ignore[return-value]
@@ -59,8 +64,6 @@ def decode_step_ms(model, *, source_len: int = 16, steps: int = 32, repeats: int
     The encoder runs once outside the timed region; each timed step feeds one token with the
     cache of the previous steps, as an autoregressive decoder does.
     """
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
     model.eval()
     device = next(model.parameters()).device
     cfg = model.config
@@ -69,7 +72,7 @@ def decode_step_ms(model, *, source_len: int = 16, steps: int = 32, repeats: int
     tok = torch.full((1, 1), cfg.decoder_start_token_id, dtype=torch.long, device=device)
     per_step = []
     for r in range(warmup + repeats):
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        cache = _empty_cache()
         t = tok
         t0 = time.perf_counter()
         for _ in range(steps):
