@@ -215,23 +215,37 @@ def _floats(text: str) -> list[float]:
         raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
 
 
+def _positive_ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"expected whole numbers separated by commas, got {text!r}",
+                                 param_hint=option) from exc
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"expected whole numbers >= 1, got {text!r}", param_hint=option)
+    return values
+
+
 @main.command()
 @click.argument("job_file", type=click.Path())
 @click.option("--fallback", default="0.2,0.4,0.6", show_default=True, help="alpha_FB values, comma-separated.")
 @click.option("--rollback", default="2,3,5", show_default=True, help="alpha_RB values, comma-separated.")
+@click.option("--window", default=None, help="max_draft_tokens values, comma-separated: a third grid axis "
+              "(points then end in _w<N>; default: the job's window only).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key.")
 @click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
               "for a local output, else ./sweep).")
 @click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
-def sweep(job_file, fallback, rollback, overrides, out_dir, address):
+def sweep(job_file, fallback, rollback, window, overrides, out_dir, address):
     """Run JOB_FILE over a fallback x rollback grid plus `large` and `small`, and map latency vs quality."""
     from pathlib import Path
 
     from pipeline.jobs.sweep import run_sweep, write_sweep
 
+    windows = _positive_ints(window, "--window") if window is not None else None
     job = _load_job_or_exit(job_file, overrides)
     summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
-                                          address=address)
+                                          address=address, windows=windows)
     if out_dir is None:
         out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
     for path in write_sweep(table, job.task, out_dir, job.name):

@@ -40,3 +40,15 @@ def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1
     assert cells["large B=3"]["ratio_vs_large_same_b"] == 1.0 and cells["bild loop"]["ratio_vs_loop_b1"] == 1.0
     assert cells["large B=3"]["large_calls"] < cells["large B=1"]["large_calls"]  # rows shared passes
     assert "| bild B=3 share=1.0 |" in render_batch(report)
+
+
+def test_bench_runs_in_bfloat16():
+    """The dtype of the GPU run (`--dtype bfloat16`), exercised here on the CPU with a tiny pair."""
+    pair = tiny_pair("t5", "noisy", dtype="bfloat16")
+    config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
+    report = run_bench(pair, TEXTS[:2], TEXTS[:2], config, repeats=1, with_projection=False)
+    assert report["dtype"] == "torch.bfloat16"
+    rows = {row["method"]: row for row in report["methods"]}
+    assert set(rows) == set(OURS + HF)
+    assert all(row["output_tokens"] > 0 for row in rows.values())
+    assert rows["hf_generate"]["exact_match_with_large"] == 1.0  # one model, one step at a time: same tokens

@@ -39,6 +39,20 @@ def test_grid_points_cover_baselines_and_every_pair():
     assert names == ["large", "small", "bild_fb0.2_rb2", "bild_fb0.2_rb3", "bild_fb0.4_rb2", "bild_fb0.4_rb3"]
 
 
+def test_a_window_grid_is_a_third_axis_and_names_its_points():
+    points = dict(grid_points(DecodingConfig(max_draft_tokens=10), [0.4], [1, 2], windows=[6, 16]))
+    assert list(points) == ["large", "small", "bild_fb0.4_rb1_w6", "bild_fb0.4_rb1_w16", "bild_fb0.4_rb2_w6",
+                            "bild_fb0.4_rb2_w16"]
+    assert points["bild_fb0.4_rb2_w16"].max_draft_tokens == 16 and points["bild_fb0.4_rb2_w16"].rollback_threshold == 2
+    assert points["large"].max_draft_tokens == 10  # the baselines keep the job's settings
+
+
+@pytest.mark.parametrize("window", ["0", "4,x", ""])
+def test_a_bad_window_list_is_refused_before_anything_runs(tmp_path, window):
+    result = CliRunner().invoke(main, ["sweep", str(tmp_path / "missing.yaml"), "--window", window])
+    assert result.exit_code == 2 and "--window" in result.output
+
+
 def test_tune_writes_a_preset_that_a_job_accepts(tmp_path):
     points = [{**p, "method": "bild", "fallback_threshold": 0.4, "rollback_threshold": 3.0} for p in POINTS]
     (tmp_path / "sweep.json").write_text(json.dumps({"task": "translation", "metric": "bleu", "points": points}))

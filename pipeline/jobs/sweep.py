@@ -27,15 +27,23 @@ from pipeline.metrics.summary import bild_behaviour
 PRIMARY_METRIC = {"translation": "bleu", "summarization": "rougeL"}
 
 
-def grid_points(base: DecodingConfig, fallbacks: list[float], rollbacks: list[float]) -> Points:
-    """`large`, `small`, then one `bild` point per (fallback, rollback) pair, named after them."""
+def grid_points(base: DecodingConfig, fallbacks: list[float], rollbacks: list[float],
+                windows: list[int] | None = None) -> Points:
+    """`large`, `small`, then one `bild` point per (fallback, rollback[, window]), named after them.
+
+    ``windows`` (values of max_draft_tokens) is a third grid axis; without it every point keeps
+    the job's window and the names stay ``bild_fb{a}_rb{b}``.
+    """
     points = [("large", dataclasses.replace(base, method="large")),
               ("small", dataclasses.replace(base, method="small"))]
     for fallback in fallbacks:
         for rollback in rollbacks:
-            name = f"bild_fb{fallback:g}_rb{rollback:g}"
-            points.append((name, dataclasses.replace(base, method="bild", fallback_threshold=fallback,
-                                                      rollback_threshold=rollback)))
+            for window in windows or [None]:
+                name = f"bild_fb{fallback:g}_rb{rollback:g}" + (f"_w{window}" if window is not None else "")
+                settings = dict(method="bild", fallback_threshold=fallback, rollback_threshold=rollback)
+                if window is not None:
+                    settings["max_draft_tokens"] = window
+                points.append((name, dataclasses.replace(base, **settings)))
     return tuple(points)
 
 
@@ -93,8 +101,9 @@ def score_points(run_path: str, task: str, storage_options: dict | None = None) 
     return table
 
 
-def run_sweep(job: JobConfig, fallbacks: list[float], rollbacks: list[float], address: str | None = None):
-    points = grid_points(job.decoding.to_config(), fallbacks, rollbacks)
+def run_sweep(job: JobConfig, fallbacks: list[float], rollbacks: list[float], address: str | None = None,
+              windows: list[int] | None = None):
+    points = grid_points(job.decoding.to_config(), fallbacks, rollbacks, windows)
     summary = run_job(job, address=address, points=points)
     table = score_points(job.output.path, job.task, job.output.storage_options)
     return summary, table
