@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline.decoding.models import load_model as _load_any_model
+
 
 def load_model(path: str | Path, device: str | torch.device = "cpu"):
-    from transformers import AutoModelForSeq2SeqLM
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(path), dtype=torch.float32)  # fp16 files too
-    return model.to(device).eval()
+    """A saved model in float32 (the float16 export too), in eval mode: the decoding layer's loader."""
+    return _load_any_model(str(path), dtype=torch.float32, device=device)
 
 
 def _empty_cache():
