@@ -237,7 +237,7 @@ def _positive_ints(text: str, option: str) -> list[int]:
               "for a local output, else ./sweep).")
 @click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
 def sweep(job_file, fallback, rollback, window, overrides, out_dir, address):
-    """Run JOB_FILE over a fallback x rollback grid plus `large` and `small`, and map latency vs quality."""
+    """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small`; map latency vs quality."""
     from pathlib import Path
 
     from pipeline.jobs.sweep import run_sweep, write_sweep
