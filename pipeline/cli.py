@@ -293,7 +293,10 @@ def tune(sweep_json, max_drop, metric, out_file):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True)
-def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed, device, threads):
+@click.option("--loss", type=click.Choice(["labels", "distill"]), default="labels", show_default=True,
+              help="labels: LARGE's output tokens; distill: LARGE's whole next-token distribution at each "
+                   "of them (KL; also aligns the small model's confidence, which fallback reads).")
+def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed, device, threads, loss):
     """BiLD prediction alignment (paper section 3.4): fine-tune SMALL on LARGE's greedy outputs."""
     from pathlib import Path
 
@@ -305,7 +308,7 @@ def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed
         raise click.UsageError(f"--data {data}: no {source.name} there")
     texts = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
     aligned = align_small_model(small, large, texts, out_dir, prompt=prompt, epochs=epochs, lr=lr, seed=seed,
-                                device=device, threads=threads)
+                                device=device, threads=threads, distill=loss == "distill")
     click.echo(f"aligned small model: {aligned}")
 
 

@@ -182,3 +182,105 @@ def test_greedy_translate_handles_a_decoder_deeper_than_the_encoder(tmp_path):
     model = T5ForConditionalGeneration(config).eval()
     outputs = greedy_translate(model, tokenizer, GERMAN[:3], max_new_tokens=4)
     assert len(outputs) == 3 and all(isinstance(text, str) for text in outputs)
+
+
+def distillation_batch(tmp_path):
+    from pipeline.training.data import collate, tokenize_pairs
+
+    build_tokenizer(GERMAN * 20, ENGLISH * 20, tmp_path / "tok", vocab_size=70)
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    return collate(tokenize_pairs(tokenizer, GERMAN, ENGLISH), list(range(len(GERMAN)))), len(tokenizer)
+
+
+def test_distillation_loss_is_the_kl_to_the_teacher(tmp_path):
+    import torch
+
+    from pipeline.training.shrink import shrink_from_large
+    from pipeline.training.train import seq2seq_loss
+
+    batch, vocab_size = distillation_batch(tmp_path)
+    teacher = tiny_large(vocab_size)
+    student = shrink_from_large(teacher).eval()
+    with torch.no_grad():
+        self_kl, ntok = seq2seq_loss(teacher, batch, 0.1, teacher=teacher)
+        kl, _ = seq2seq_loss(student, batch, 0.1, teacher=teacher)
+        cross_entropy, _ = seq2seq_loss(student, batch, 0.1)
+        only_labels, _ = seq2seq_loss(student, batch, 0.1, teacher=teacher, distill_weight=0.0)
+        half, _ = seq2seq_loss(student, batch, 0.1, teacher=teacher, distill_weight=0.5)
+    assert ntok == sum(len(t) for t in load_tokenizer(tmp_path / "tok")(ENGLISH).input_ids)
+    assert abs(float(self_kl)) < 1e-5  # a model is at distance 0 from itself
+    assert float(kl) > 0.01            # a one-layer cut of a random model is not
+    assert torch.allclose(only_labels, cross_entropy)
+    assert torch.allclose(half, 0.5 * kl + 0.5 * cross_entropy)
+
+
+def test_distillation_run_moves_the_student_towards_the_teacher(tmp_path):
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from pipeline.training.shrink import save_shrunk
+    from pipeline.training.train import export_model, seq2seq_loss
+
+    data = corpus(tmp_path / "data")
+    batch, vocab_size = distillation_batch(tmp_path)
+    export_model(tiny_large(vocab_size), tmp_path / "tok", tmp_path / "large-best")
+    init = save_shrunk(tmp_path / "large-best", tmp_path / "small-init")
+    config = TrainConfig(size="aligned", epochs=2, batch_tokens=400, warmup_steps=2, threads=1, device="cpu",
+                         val_subset=4, log_every=5, freeze_encoder=True, label_smoothing=0.0,
+                         distill_from=str(tmp_path / "large-best"))
+    best = train(data, tmp_path / "out", tmp_path / "tok", config, init_from=init, run_name="distilled",
+                 val_sources=[], val_references=[])  # no val text: the last model is exported
+    teacher = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "large-best")).eval()
+    before = AutoModelForSeq2SeqLM.from_pretrained(str(init)).eval()
+    after = AutoModelForSeq2SeqLM.from_pretrained(str(best)).eval()
+    with torch.no_grad():
+        kl_before, _ = seq2seq_loss(before, batch, 0.0, teacher=teacher)
+        kl_after, _ = seq2seq_loss(after, batch, 0.0, teacher=teacher)
+    assert float(kl_after) < 0.8 * float(kl_before)
+
+
+@pytest.mark.parametrize("loss", ["labels", "distill"])
+def test_align_command_fine_tunes_the_small_model_on_the_large_models_outputs(tmp_path, loss):
+    import json
+
+    import torch
+    from click.testing import CliRunner
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from pipeline.cli import main
+    from pipeline.tiny import save_pair
+    from pipeline.training.data import collate, tokenize_pairs
+    from pipeline.training.train import seq2seq_loss
+
+    small, large = save_pair(tmp_path / "pair", "t5", small="noisy", seed=0)
+    (tmp_path / "train.de").write_text("\n".join(GERMAN * 4) + "\n")
+    result = CliRunner().invoke(main, ["align", "--small", str(small), "--large", str(large), "--data",
+                                       str(tmp_path / "train.de"), "--out", str(tmp_path / "aligned"),
+                                       "--epochs", "3", "--lr", "2e-2", "--device", "cpu", "--loss", loss])
+    assert result.exit_code == 0, result.output
+    aligned = tmp_path / "aligned" / "small-aligned-best"
+    config = json.loads((aligned / "training_info.json").read_text())["config"]
+    assert (config["distill_from"] is not None) == (loss == "distill")
+    # The targets are the large model's own outputs, and the fine-tune moved the small model towards them.
+    targets = [json.loads(line)["text"] for line in (tmp_path / "aligned" / "large_outputs.jsonl").open()][:6]
+    tokenizer = AutoTokenizer.from_pretrained(str(large))
+    batch = collate(tokenize_pairs(tokenizer, GERMAN, targets), list(range(6)))
+    teacher = AutoModelForSeq2SeqLM.from_pretrained(str(large)).eval()
+    with torch.no_grad():
+        before, _ = seq2seq_loss(AutoModelForSeq2SeqLM.from_pretrained(str(small)).eval(), batch, 0.0, teacher)
+        after, _ = seq2seq_loss(AutoModelForSeq2SeqLM.from_pretrained(str(aligned)).eval(), batch, 0.0, teacher)
+    assert float(after) < float(before)
+
+
+def test_each_alignment_loss_has_its_own_run_folder(tmp_path):
+    """A distillation run must not resume the label run's checkpoint, and export takes the one asked for."""
+    from pipeline.training.__main__ import align_run_dir, export_all
+    from pipeline.training.train import export_model
+
+    assert align_run_dir(tmp_path) == tmp_path / "small-aligned-run"  # the shipped pair's layout
+    assert align_run_dir(tmp_path, "distill") != align_run_dir(tmp_path, "labels")
+    build_tokenizer(GERMAN * 20, ENGLISH * 20, tmp_path / "tokenizer", vocab_size=70)
+    export_model(tiny_large(len(load_tokenizer(tmp_path / "tokenizer"))), tmp_path / "tokenizer",
+                 align_run_dir(tmp_path, "distill") / "small-aligned-best")
+    assert not (export_all(tmp_path, "float32") / "small-aligned").exists()
+    assert (export_all(tmp_path, "float32", "distill") / "small-aligned" / "model.safetensors").is_file()

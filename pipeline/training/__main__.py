@@ -8,7 +8,8 @@ steps and continues a training run from its last checkpoint.
              the small model starts as a cut-down copy of <out>/large-best (<out>/small-init, shrink.py)
              and only its decoder is trained
   align      large greedy outputs on the training sources, small fine-tuned on them
-             -> <out>/small-aligned-run/small-aligned-best
+             -> <out>/small-aligned-run/small-aligned-best (--align-loss distill: on the large
+             model's next-token distributions, -> <out>/small-aligned-distill-run/...)
   export     copies tokenizer + best models into <out>/export/{tokenizer,large,small,small-aligned}
              (weights as float16 safetensors unless --export-dtype float32)
   evaluate   test BLEU + decode-step cost of each exported model -> <out>/export/report.json
@@ -97,11 +98,16 @@ def cmd_align(args) -> Path:
     src, _ = read_parallel(args.data, "train")
     if args.align_limit:
         src = src[:args.align_limit]
-    return align_small_model(out / "small-best", out / "large-best", src, out / "small-aligned-run",
+    return align_small_model(out / "small-best", out / "large-best", src, align_run_dir(out, args.align_loss),
                              epochs=args.align_epochs, lr=args.align_lr, batch_tokens=2500,
                              seed=args.seed, device=args.device, threads=args.threads,
                              val_data_dir=args.data, freeze_encoder=TRAIN_DEFAULTS["small"]["freeze_encoder"],
-                             max_minutes=args.max_minutes or 0.0)
+                             max_minutes=args.max_minutes or 0.0, distill=args.align_loss == "distill")
+
+
+def align_run_dir(out: Path, align_loss: str = "labels") -> Path:
+    """Where ``align`` works: one folder per alignment loss, so that a run never resumes the other's checkpoint."""
+    return out / ("small-aligned-run" if align_loss == "labels" else f"small-aligned-{align_loss}-run")
 
 
 def cmd_evaluate(args) -> dict:
@@ -113,7 +119,7 @@ def cmd_evaluate(args) -> dict:
     return report
 
 
-def export_all(out: Path, dtype: str = "float16") -> Path:
+def export_all(out: Path, dtype: str = "float16", align_loss: str = "labels") -> Path:
     """Copies the finished models into ``<out>/export/{tokenizer,large,small,small-aligned}``.
 
     The weights are written in ``dtype`` ("float16" by default: half the size on disk, so the three
@@ -126,7 +132,7 @@ def export_all(out: Path, dtype: str = "float16") -> Path:
     exp = out / "export"
     exp.mkdir(parents=True, exist_ok=True)
     pairs = {"tokenizer": out / "tokenizer", "large": out / "large-best", "small": out / "small-best",
-             "small-aligned": out / "small-aligned-run" / "small-aligned-best"}
+             "small-aligned": align_run_dir(out, align_loss) / "small-aligned-best"}
     for name, src in pairs.items():
         if not src.exists():
             print(f"missing {src}; not exported", file=sys.stderr)
@@ -146,7 +152,7 @@ def cmd_all(args) -> None:
         args.size = size
         cmd_train(args)
     cmd_align(args)
-    export_all(Path(args.out), args.export_dtype)
+    export_all(Path(args.out), args.export_dtype, args.align_loss)
     cmd_evaluate(args)
 
 
@@ -175,6 +181,9 @@ def main(argv=None) -> None:
         sp.add_argument("--align-epochs", type=float, default=3.0)
         sp.add_argument("--align-lr", type=float, default=5e-3,
                         help="peak (relative, Adafactor) learning rate of the alignment fine-tune")
+        sp.add_argument("--align-loss", choices=["labels", "distill"], default="labels",
+                        help="alignment target: the large model's output tokens (labels), or its whole "
+                             "next-token distribution at each of them (distill: KL, the token-level KD)")
         sp.add_argument("--align-limit", type=int, default=0,
                         help="align on the first N training sources only (0: all)")
         sp.add_argument("--shape", action="append", metavar="FIELD=N",
@@ -191,7 +200,7 @@ def main(argv=None) -> None:
     tp.set_defaults(fn=cmd_train)
     common(sub.add_parser("align", help="BiLD prediction alignment of the small model")).set_defaults(fn=cmd_align)
     common(sub.add_parser("export", help="copy the finished models into <out>/export")).set_defaults(
-        fn=lambda a: print(export_all(Path(a.out), a.export_dtype)))
+        fn=lambda a: print(export_all(Path(a.out), a.export_dtype, a.align_loss)))
     common(sub.add_parser("evaluate", help="test BLEU and decode cost of the exports")).set_defaults(fn=cmd_evaluate)
     common(sub.add_parser("all", help="everything, in order")).set_defaults(fn=cmd_all)
     args = p.parse_args(argv)

@@ -64,7 +64,8 @@ def align_small_model(small_path: str | Path, large_path: str | Path, source_tex
                       val_sources: list[str] | None = None, val_references: list[str] | None = None,
                       val_data_dir: str | Path | None = None, max_new_tokens: int = 128,
                       dropout: float | None = None, drop_degenerate: bool = True,
-                      freeze_encoder: bool = False, max_minutes: float = 0.0) -> Path:
+                      freeze_encoder: bool = False, max_minutes: float = 0.0,
+                      distill: bool = False) -> Path:
     """Fine-tunes the small model on the large model's greedy outputs; returns the aligned model folder.
 
     1. ``large_path`` greedily decodes every ``source_texts`` entry (batched ``generate``; cached in
@@ -81,6 +82,8 @@ def align_small_model(small_path: str | Path, large_path: str | Path, source_tex
     checkpoints that expect a task prefix). Both models must share one tokenizer.
     ``freeze_encoder`` fine-tunes the small model's decoder only (for a small model whose encoder
     is the large model's, see shrink.py); ``max_minutes`` caps the fine-tune's training time.
+    ``distill`` trains on the large model's whole next-token distribution at every position of
+    its outputs (KL, see train.seq2seq_loss) instead of its output tokens alone.
     """
     torch.set_num_threads(threads)
     out_dir = Path(out_dir)
@@ -99,7 +102,7 @@ def align_small_model(small_path: str | Path, large_path: str | Path, source_tex
     cfg = TrainConfig(size="aligned", epochs=epochs, batch_tokens=batch_tokens, lr=lr, optimizer=optimizer,
                       warmup_steps=warmup_steps, min_lr_ratio=0.05, seed=seed, device=device,
                       threads=threads, dropout=dropout, freeze_encoder=freeze_encoder,
-                      max_minutes=max_minutes)
+                      max_minutes=max_minutes, distill_from=str(large_path) if distill else None)
     return train(val_data_dir, out_dir, small_path, cfg, init_from=small_path,
                  train_sources=sources, train_targets=targets, run_name="small-aligned",
                  val_sources=val_sources, val_references=val_references)

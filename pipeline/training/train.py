@@ -51,6 +51,9 @@ class TrainConfig:
     shape_overrides: dict = field(default_factory=dict)
     freeze_encoder: bool = False  # train only the decoder: the encoder and the shared embedding
                                   # (= tied LM head) stay as initialised, in eval mode (no dropout)
+    distill_from: str | None = None  # a teacher model folder: train on KL(teacher || model) at
+                                     # every target position instead of the labels alone
+    distill_weight: float = 1.0      # loss = w * KL + (1 - w) * label cross-entropy (with a teacher)
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -86,16 +89,33 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
 
 
-def seq2seq_loss(model, batch: dict[str, torch.Tensor], label_smoothing: float) -> tuple[torch.Tensor, int]:
-    """Label-smoothed token cross-entropy (mean over non-pad target tokens)."""
+def seq2seq_loss(model, batch: dict[str, torch.Tensor], label_smoothing: float, teacher=None,
+                 distill_weight: float = 1.0) -> tuple[torch.Tensor, int]:
+    """Label-smoothed token cross-entropy (mean over non-pad target tokens).
+
+    With a ``teacher`` model the loss becomes ``distill_weight * KL(teacher || model)`` (token-level
+    knowledge distillation, temperature 1, mean over the same target tokens) plus
+    ``(1 - distill_weight)`` times the cross-entropy: the model learns the teacher's whole next-token
+    distribution -- its confidence as well as its choice -- which is what BiLD's fallback (the small
+    model's confidence) and rollback (the distance between the two distributions) policies read.
+    """
     labels = batch["labels"]
     decoder_input_ids = model._shift_right(labels)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                decoder_input_ids=decoder_input_ids, use_cache=False)
-    logits = out.logits.float()
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  decoder_input_ids=decoder_input_ids, use_cache=False)
+    logits = model(**inputs).logits.float()                       # [B, T, V]
+    target = labels != -100                                        # [B, T]
+    ntok = int(target.sum())
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1),
                            ignore_index=-100, label_smoothing=label_smoothing)
-    return loss, int((labels != -100).sum())
+    if teacher is None:
+        return loss, ntok
+    with torch.no_grad():
+        teacher_logprobs = F.log_softmax(teacher(**inputs).logits.float(), dim=-1)
+    kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logprobs, log_target=True,
+                  reduction="none").sum(-1)                        # [B, T]
+    kl = (kl * target).sum() / max(1, ntok)
+    return distill_weight * kl + (1 - distill_weight) * loss, ntok
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -194,6 +214,10 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
         for p in list(model.get_encoder().parameters()) + list(model.get_input_embeddings().parameters()):
             p.requires_grad_(False)
     opt = make_optimizer(model, cfg)
+    teacher = None
+    if cfg.distill_from:
+        teacher = AutoModelForSeq2SeqLM.from_pretrained(str(cfg.distill_from), dtype=torch.float32).to(device).eval()
+        teacher.requires_grad_(False)
 
     steps_per_epoch = len(make_batches(data, cfg.batch_tokens, cfg.seed, 0))
     total_steps = int(math.ceil(cfg.epochs * steps_per_epoch))
@@ -260,7 +284,7 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
                 break
             t_step = time.time()
             batch = {k: v.to(device) for k, v in collate(data, batches[bi]).items()}
-            loss, ntok = seq2seq_loss(model, batch, cfg.label_smoothing)
+            loss, ntok = seq2seq_loss(model, batch, cfg.label_smoothing, teacher, cfg.distill_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
