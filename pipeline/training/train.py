@@ -96,8 +96,8 @@ def seq2seq_loss(model, batch: dict[str, torch.Tensor], label_smoothing: float, 
     With a ``teacher`` model the loss becomes ``distill_weight * KL(teacher || model)`` (token-level
     knowledge distillation, temperature 1, mean over the same target tokens) plus
     ``(1 - distill_weight)`` times the cross-entropy: the model learns the teacher's whole next-token
-    distribution -- its confidence as well as its choice -- which is what BiLD's fallback (the small
-    model's confidence) and rollback (the distance between the two distributions) policies read.
+    distribution -- its confidence as well as its choice -- which BiLD's policies read: fallback the
+    small model's confidence, rollback the large model's probability of the small model's token.
     """
     labels = batch["labels"]
     decoder_input_ids = model._shift_right(labels)
