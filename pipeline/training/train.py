@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import collate, make_batches, read_parallel, tokenize_pairs
-from .evaluate import bleu_of, count_params
+from .evaluate import bleu_of, count_params, load_model
 from .model_shapes import t5_config
 from .tokenizer import load_tokenizer
 
@@ -216,8 +216,7 @@ def train(data_dir: str | Path | None, out_dir: str | Path, tokenizer_dir: str |
     opt = make_optimizer(model, cfg)
     teacher = None
     if cfg.distill_from:
-        teacher = AutoModelForSeq2SeqLM.from_pretrained(str(cfg.distill_from), dtype=torch.float32).to(device).eval()
-        teacher.requires_grad_(False)
+        teacher = load_model(cfg.distill_from, device).requires_grad_(False)
 
     steps_per_epoch = len(make_batches(data, cfg.batch_tokens, cfg.seed, 0))
     total_steps = int(math.ceil(cfg.epochs * steps_per_epoch))
