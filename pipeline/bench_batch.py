@@ -4,7 +4,9 @@ Every cell (method, batch size, verify share) decodes the same inputs with greed
 repetitions are interleaved with a rotating cell order, so slow phases of a shared machine hit
 every cell alike. Batch size 1 is also run through the record-by-record loop (``loop``), the
 path the pipeline takes at ``compute.batch_size: 1``. A batch row's outputs must equal the
-same method's outputs at batch size 1; the report says whether they do.
+same method's outputs at batch size 1; the report says whether they do. With ``ct2`` models,
+``ct2_large`` (and ``ct2_small``) cells run CTranslate2 on the same checkpoints and inputs with
+``max_batch_size`` = the cell's batch size.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import torch
 
 from pipeline.benchmark import sync_device
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding.batch import BatchPolicy, BatchRequest, batch_decoder
+from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
 
 DRAFTING = ("bild", "speculative")
+CT2 = ("ct2_large", "ct2_small")
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Cell:
 
 
 def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
-    cells = [Cell(m, 0) for m in methods]
+    cells = [Cell(m, 0) for m in methods if m not in CT2]  # CTranslate2 has no record-by-record loop of ours
     for method in methods:
         for size in batch_sizes:
             shares = verify_shares if method in DRAFTING and size > 1 else [None]  # a share means nothing at B=1
@@ -52,39 +55,53 @@ def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
     return cells
 
 
-def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest]) -> None:
+def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest],
+             ct2: dict | None = None) -> None:
+    if cell.method in CT2:
+        inputs = [r.input_ids.tolist() for r in requests]
+        model = ct2[cell.method.removeprefix("ct2_")]
+        start = time.perf_counter()
+        cell.tokens = model.generate(inputs, config.max_new_tokens, max_batch_size=cell.batch_size)
+        cell.seconds.append(time.perf_counter() - start)
+        return
     config = dataclasses.replace(config, method=cell.method, do_sample=False)
+    large = pair.engine("large", max(cell.batch_size, 1)) if cell.method != "small" else None
+    before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
     sync_device(pair.device)
     start = time.perf_counter()
     if cell.batch_size == 0:
         generator = Generator(pair, config)
         tokens = [generator.decode_ids(r.input_ids[None, :]).tokens for r in requests]
-        decoder = None
     else:
         policy = BatchPolicy(batch_size=cell.batch_size, verify_share=cell.verify_share or 1.0)
-        decoder = batch_decoder(pair, config, policy)
-        tokens = [output.tokens for output in decoder.run(requests)]
+        tokens = [output.tokens for output in scheduler_for(pair, config, policy).run(requests)]
     sync_device(pair.device)
     cell.seconds.append(time.perf_counter() - start)
     cell.tokens = tokens
-    if decoder is not None and decoder.large is not None:
-        cell.large_fed, cell.large_computed = decoder.large.tokens_fed, decoder.large.positions_computed
-        cell.large_calls = decoder.large.calls
+    if large is not None and cell.batch_size > 0:  # the engines outlive the cell: count this run's work
+        cell.large_fed = large.tokens_fed - before[0]
+        cell.large_computed = large.positions_computed - before[1]
+        cell.large_calls = large.calls - before[2]
 
 
 def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | None, config: DecodingConfig,
                     methods=("large", "bild", "speculative"), batch_sizes=(1, 4, 16, 32),
-                    verify_shares=(0.5,), repeats: int = 2) -> dict:
+                    verify_shares=(0.5,), repeats: int = 2, ct2: dict | None = None) -> dict:
+    """Every cell, repetitions interleaved; ``ct2`` ({"small": CT2Model, "large": ...}) adds ct2_large cells."""
     encoder = Generator(pair, config)
     requests = [BatchRequest(encoder.encode(text)[0][0].to(pair.device)) for text in texts]
+    if ct2 and "ct2_large" not in methods:
+        methods = (*methods, "ct2_large")
     cells = make_cells(methods, batch_sizes, list(verify_shares))
     for cell in cells:  # warm-up, outside the measurements
-        run_cell(pair, dataclasses.replace(cell, seconds=[]), config, requests[:4])
+        run_cell(pair, dataclasses.replace(cell, seconds=[]), config, requests[:4], ct2)
     for repeat in range(repeats):
         shift = repeat % len(cells)
         for cell in cells[shift:] + cells[:shift]:
-            run_cell(pair, cell, config, requests)
-    return summarize(pair, cells, references, config, len(texts), repeats)
+            run_cell(pair, cell, config, requests, ct2)
+    report = summarize(pair, cells, references, config, len(texts), repeats)
+    report["ct2"] = ct2["large"].description if ct2 else None
+    return report
 
 
 def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats: int) -> dict:
@@ -95,12 +112,19 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
     loop = {c.method: c for c in cells if c.batch_size == 0}
     rows = []
     for cell in cells:
+        first = loop.get(cell.method) or one.get(cell.method)  # the method at batch size 1
         row = {"cell": cell.name, "method": cell.method, "batch_size": cell.batch_size or 1,
                "path": "loop" if cell.batch_size == 0 else "batch", "verify_share": cell.verify_share,
                "output_tokens": sum(len(t) for t in cell.tokens), "tokens_per_s": rate(cell),
                "seconds": [round(s, 3) for s in cell.seconds],
-               "identical_to_b1": cell.tokens == loop[cell.method].tokens}
-        row["ratio_vs_loop_b1"] = row["tokens_per_s"] / rate(loop[cell.method])
+               "identical_to_b1": cell.tokens == first.tokens if first else None}
+        if cell.method in loop:
+            row["ratio_vs_loop_b1"] = row["tokens_per_s"] / rate(loop[cell.method])
+        if cell.method in CT2 and cell.method.removeprefix("ct2_") in loop:  # the same tokens as ours?
+            row["identical_to_ours"] = cell.tokens == loop[cell.method.removeprefix("ct2_")].tokens
+        same_ct2 = [c for c in cells if c.method == "ct2_large" and c.batch_size == (cell.batch_size or 1)]
+        if same_ct2:
+            row["ratio_vs_ct2_large_same_b"] = row["tokens_per_s"] / rate(same_ct2[0])
         if cell.method in one:
             row["ratio_vs_batch_b1"] = row["tokens_per_s"] / rate(one[cell.method])
         same_large = [c for c in cells if c.method == "large" and c.batch_size == cell.batch_size]
@@ -114,6 +138,7 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
             row["bleu"] = sacrebleu.corpus_bleu(texts, [references[: len(texts)]]).score
         rows.append(row)
     return {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), "device": str(pair.device),
+            "engine": pair.engine_kind,
             "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "rows": rows}
 
 
@@ -126,10 +151,12 @@ def render_markdown(report: dict) -> str:
         return "" if value is None else str(value)
 
     columns = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
-               "large_calls", "large_padding_share", "bleu", "identical_to_b1"]
+               "ratio_vs_ct2_large_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
+               "identical_to_ours"]
     lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order; "
              "tokens/s over each cell's median repetition), "
-             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, greedy",
+             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, greedy, "
+             f"engine {report.get('engine')}" + (f", CTranslate2 {report['ct2']}" if report.get("ct2") else ""),
              "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in report["rows"]:
         lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")

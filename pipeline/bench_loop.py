@@ -3,8 +3,8 @@
 Two ratios, each from interleaved repetitions on the same inputs:
 - our plain ``large`` loop against ``model.generate()`` greedy on the same model (>= 1 means
   ours is at least as fast);
-- the ``bild`` loop's own bookkeeping (everything but the models' forward passes) as a share of
-  its model forward time (the target is < 10%).
+- the ``bild`` scheduler's own bookkeeping (everything but the engines' forward passes and
+  encoders) as a share of that model time (the target is < 10%).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import torch
 from pipeline.benchmark import hf_greedy, sync_device
-from pipeline.decoding import DecodingConfig, Generator, ModelPair, decode_autoregressive, decode_with_drafts
+from pipeline.decoding import DecodingConfig, Generator, ModelPair
 
 
 @dataclass
@@ -58,35 +57,35 @@ class LoopBenchResult:
 
 def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int = 3) -> LoopBenchResult:
     large_config = DecodingConfig(method="large", max_new_tokens=bild.max_new_tokens)
-    encoded = [Generator(pair, large_config).encode(text)[0].to(pair.device) for text in texts]
+    large_loop, bild_loop = Generator(pair, large_config), Generator(pair, bild)
+    encoded = [large_loop.encode(text)[0].to(pair.device) for text in texts]
+    engines = (pair.engine("small", 1), pair.engine("large", 1))
     ours_ms, hf_ms, loop_ms, forward_ms = [], [], [], []
     identical, tokens, small_tokens, bild_tokens = True, 0, 0, 0
     for _ in range(repeats):
         ours = hf = loop = forward = 0.0
         tokens = 0
         for input_ids in encoded:  # interleave A and B on every input
-            with torch.inference_mode():
-                sync_device(pair.device)
-                t0 = time.perf_counter()  # generate() runs the encoder inside, so ours is timed with it too
-                _, large, prefix = pair.runners(input_ids, small=False)
-                out = decode_autoregressive(large, prefix, large_config, pair.eos_token_ids, None, writer="large")
-                sync_device(pair.device)
-                t1 = time.perf_counter()
-                reference = hf_greedy(pair, input_ids, bild.max_new_tokens)
-                sync_device(pair.device)
-                t2 = time.perf_counter()
+            sync_device(pair.device)
+            t0 = time.perf_counter()  # generate() runs the encoder inside, so ours is timed with it too
+            out = large_loop.decode_ids(input_ids)
+            sync_device(pair.device)
+            t1 = time.perf_counter()
+            reference = hf_greedy(pair, input_ids, bild.max_new_tokens)
+            sync_device(pair.device)
+            t2 = time.perf_counter()
             ours += t1 - t0
             hf += t2 - t1
             tokens += len(out.tokens)
             identical &= out.tokens == reference[: len(out.tokens)]
 
-            small, large, prefix = pair.runners(input_ids)
+            model_before = sum(e.forward_seconds + e.admit_seconds for e in engines)
             sync_device(pair.device)
             t3 = time.perf_counter()
-            result = decode_with_drafts(small, large, prefix, bild, pair.eos_token_ids, None)
+            result = bild_loop.decode_ids(input_ids)
             sync_device(pair.device)
             loop += time.perf_counter() - t3
-            forward += small.forward_seconds + large.forward_seconds
+            forward += sum(e.forward_seconds + e.admit_seconds for e in engines) - model_before
             small_tokens += result.stats.small_tokens
             bild_tokens += result.stats.output_tokens
         ours_ms.append(1000 * ours / tokens)

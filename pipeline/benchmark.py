@@ -1,4 +1,5 @@
-"""`bild-pipeline bench`: BiLD against the large model, HF generate and HF assisted generation.
+"""`bild-pipeline bench`: BiLD against the large model, HF generate, HF assisted generation and
+CTranslate2 (when installed) on the same models.
 
 Every method decodes the same inputs at batch size 1, greedy, with the same max_new_tokens, in
 one process; for each input the methods run back to back in a rotating order, and repetitions
@@ -20,11 +21,14 @@ import sacrebleu
 import torch
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding.loop import DecodeStats
-from pipeline.decoding.runner import CachedDecoder
+from pipeline.decoding.engine import Engine, Feed
+from pipeline.decoding.models import build_engine
+from pipeline.decoding.stats import DecodeStats
+from pipeline.decoding.t5_engine import unsupported_reason
 
 OURS = ("large", "small", "bild", "speculative")
 HF = ("hf_generate", "hf_assisted", "hf_assisted_confidence")
+CT2 = ("ct2_large", "ct2_small")  # CTranslate2 on the same checkpoints (pipeline.bench_ct2)
 
 
 @dataclass
@@ -77,8 +81,9 @@ def hf_greedy(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, ass
 
 def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int,
                 methods: tuple[str, ...] = OURS + HF,
-                between_records: Callable[[], None] | None = None) -> dict[str, MethodRun]:
-    """Every method on every input, interleaved; ``between_records`` runs after each input's turn."""
+                between_records: Callable[[], None] | None = None, ct2: dict | None = None) -> dict[str, MethodRun]:
+    """Every method on every input, interleaved; ``between_records`` runs after each input's turn.
+    ``ct2`` holds the CTranslate2 models ({"small": CT2Model, "large": ...}) the ct2_* methods run."""
     generators = {name: Generator(pair, dataclasses.replace(bild, method=name, do_sample=False))
                   for name in OURS if name in methods}
     encoded = [Generator(pair, bild).encode(text)[0].to(pair.device) for text in texts]
@@ -97,6 +102,8 @@ def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats
                     tokens = output.tokens
                 elif name == "hf_generate":
                     tokens = hf_greedy(pair, input_ids, bild.max_new_tokens)
+                elif name in CT2:
+                    tokens = ct2[name.removeprefix("ct2_")].generate([input_ids[0].tolist()], bild.max_new_tokens)[0]
                 elif name == "hf_assisted":
                     tokens = hf_greedy(pair, input_ids, bild.max_new_tokens, assistant=pair.small)
                 else:
@@ -114,7 +121,7 @@ def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats
 
 
 def summarize_methods(pair: ModelPair, runs: dict[str, MethodRun], references: list[str] | None) -> list[dict]:
-    large = runs.get("large")
+    large, ct2_large = runs.get("large"), runs.get("ct2_large")
     rows = []
     for name, run in runs.items():
         tokens = sum(len(t) for t in run.tokens.values())
@@ -135,6 +142,8 @@ def summarize_methods(pair: ModelPair, runs: dict[str, MethodRun], references: l
             same = sum(_same_output(run.tokens[i], large.tokens[i], pair.eos_token_ids) for i in run.tokens)
             row["exact_match_with_large"] = same / len(run.tokens)
             row["speedup_vs_large"] = float(np.sum(large.seconds) / seconds.sum())
+        if ct2_large is not None:
+            row["speed_vs_ct2_large"] = float(np.sum(ct2_large.seconds) / seconds.sum())
         if name in OURS and run.stats.output_tokens:
             s = run.stats
             row.update(small_token_share=s.small_tokens / s.output_tokens,
@@ -159,34 +168,31 @@ def _same_output(a: list[int], b: list[int], eos: frozenset[int]) -> bool:
 
 
 class _StepTimer:
-    """Times one decoder forward of ``model`` feeding ``width`` new tokens after ``context`` cached ones."""
+    """Times one engine forward (batch 1) feeding ``width`` new tokens after ``context`` cached ones."""
 
-    def __init__(self, model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_decoder: bool,
-                 width: int, context: int = 16):
-        self.model, self.input_ids = model, input_ids
-        self.encoded = None
-        if is_encoder_decoder:
-            with torch.inference_mode():
-                self.encoded = model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
-        filler = torch.full((1, context + width), 5, dtype=torch.long, device=input_ids.device)
-        self.base = torch.cat([prefix, filler], dim=1)
-        self.cached = prefix.shape[1] + context
+    def __init__(self, engine: Engine, input_ids: torch.Tensor, prefix: torch.Tensor, width: int, context: int = 16):
+        self.engine, self.input_ids, self.width = engine, input_ids, width
+        filler = torch.full((context + width,), 5, dtype=torch.long)
+        self.tokens = torch.cat([prefix, filler])[None]  # [1, P + context + width]
+        self.cached = len(prefix) + context
 
     def once(self) -> float:
-        mask = torch.ones_like(self.input_ids) if self.encoded is not None else None
-        runner = CachedDecoder(self.model, self.encoded, mask)
-        runner.forward(self.base[:, : self.cached])
-        sync_device(self.input_ids.device)
+        engine, cached = self.engine, self.cached
+        engine.admit([0], [self.input_ids])
+        engine.forward(Feed([0], self.tokens[:, :cached], [0], [cached], [1]))
+        sync_device(engine.device)
         start = time.perf_counter()
-        runner.forward(self.base)
-        sync_device(self.input_ids.device)
-        return time.perf_counter() - start
+        engine.forward(Feed([0], self.tokens[:, cached:], [cached], [self.width], [self.width]))
+        sync_device(engine.device)
+        elapsed = time.perf_counter() - start
+        engine.release(0)
+        return elapsed
 
 
-def time_step(model, input_ids: torch.Tensor, prefix: torch.Tensor, is_encoder_decoder: bool, width: int,
-              context: int = 16, reps: int = 20) -> float:
-    """Median seconds of one decoder forward feeding `width` new tokens after `context` cached ones."""
-    timer = _StepTimer(model, input_ids, prefix, is_encoder_decoder, width, context)
+def time_step(engine: Engine, input_ids: torch.Tensor, prefix: torch.Tensor, width: int, context: int = 16,
+              reps: int = 20) -> float:
+    """Median seconds of one engine forward feeding `width` new tokens after `context` cached ones."""
+    timer = _StepTimer(engine, input_ids, prefix, width, context)
     return statistics.median(timer.once() for _ in range(reps))
 
 
@@ -198,13 +204,12 @@ class CostSampler:
     """
 
     def __init__(self, pair: ModelPair, text: str, max_width: int):
-        input_ids, _ = Generator(pair, DecodingConfig()).encode(text)
-        input_ids = input_ids.to(pair.device)
-        _, _, prefix = pair.runners(input_ids, small=False, large=False)
-        enc_dec = pair.is_encoder_decoder
+        input_ids = Generator(pair, DecodingConfig()).encode(text)[0][0]
+        prefix = pair.decoder_prefix(input_ids)
+        small, large = pair.engine("small", 1), pair.engine("large", 1)
         # A large-model step is its verification of one token (k=1): timed once, read as both.
-        self.timers = {"small": _StepTimer(pair.small, input_ids, prefix, enc_dec, 1)}
-        self.timers.update({k: _StepTimer(pair.large, input_ids, prefix, enc_dec, k) for k in range(1, max_width + 2)})
+        self.timers = {"small": _StepTimer(small, input_ids, prefix, 1)}
+        self.timers.update({k: _StepTimer(large, input_ids, prefix, k) for k in range(1, max_width + 2)})
         self.times: dict = {key: [] for key in self.timers}
 
     def sample(self) -> None:
@@ -243,22 +248,21 @@ def predict_seconds(stats: DecodeStats, cost: dict) -> float:
     return stats.small_calls * cost["small_step_s"] + stats.large_calls * per_call
 
 
-def encoder_seconds(pair: ModelPair, input_ids: torch.Tensor, models: tuple[str, ...]) -> float:
-    if not pair.is_encoder_decoder:
-        return 0.0
-    total = 0.0
-    for name in models:
-        model = getattr(pair, name)
-        times = []
-        for _ in range(5):
-            sync_device(pair.device)
-            start = time.perf_counter()
-            with torch.inference_mode():
-                model.get_encoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
-            sync_device(pair.device)
-            times.append(time.perf_counter() - start)
-        total += statistics.median(times)
-    return total
+def admission_seconds(pair: ModelPair, input_ids: torch.Tensor, roles: tuple[str, ...]) -> float:
+    """Median seconds to admit one row as the scheduler does: encoder pass(es) and cross-attention
+    keys/values of each model in ``roles`` (one encoder pass when the small model shares it)."""
+    times = []
+    for _ in range(5):
+        sync_device(pair.device)
+        start = time.perf_counter()
+        encoded = None
+        for role in roles:
+            encoded = pair.engine(role, 1).admit([0], [input_ids], encoded if pair.shares_encoder else None)
+        sync_device(pair.device)
+        times.append(time.perf_counter() - start)
+    for role in roles:
+        pair.engine(role, 1).release(0)
+    return statistics.median(times)
 
 
 # --- the whole benchmark ------------------------------------------------------------------------------
@@ -270,20 +274,24 @@ PAPER_SHAPES = {  # T5 v1.0 shapes (architecture only, random weights)
 }
 
 
-def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device: torch.device) -> dict:
-    """Time T5-small/T5-large-shaped steps here and apply the demo pair's call counts to them."""
+def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device: torch.device,
+               engine: str = "native") -> dict:
+    """Time T5-small/T5-large-shaped steps here (on the same kind of engine as the pair) and apply the
+    demo pair's call counts to them."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    models = {name: T5ForConditionalGeneration(T5Config(vocab_size=32128, decoder_start_token_id=0, pad_token_id=0,
-                                                        eos_token_id=1, **shape)).eval().to(device)
-              for name, shape in PAPER_SHAPES.items()}
-    input_ids = torch.randint(3, 32000, (1, text_len), device=device)
-    prefix = torch.zeros((1, 1), dtype=torch.long, device=device)
+    engines = {}
+    for name, shape in PAPER_SHAPES.items():
+        model = T5ForConditionalGeneration(T5Config(vocab_size=32128, decoder_start_token_id=0, pad_token_id=0,
+                                                    eos_token_id=1, **shape)).eval().to(device)
+        engines[name] = build_engine(model, engine if unsupported_reason(model) is None else "hf", 1)
+    input_ids = torch.randint(3, 32000, (text_len,))
+    prefix = torch.zeros((1,), dtype=torch.long)
     cost = {
-        "small_step_s": time_step(models["t5-small"], input_ids, prefix, True, 1, reps=5),
-        "large_step_s": time_step(models["t5-large"], input_ids, prefix, True, 1, reps=5),
-        "large_verify_s": {k: time_step(models["t5-large"], input_ids, prefix, True, k, reps=5)
+        "small_step_s": time_step(engines["t5-small"], input_ids, prefix, 1, reps=5),
+        "large_step_s": time_step(engines["t5-large"], input_ids, prefix, 1, reps=5),
+        "large_verify_s": {k: time_step(engines["t5-large"], input_ids, prefix, k, reps=5)
                            for k in range(1, max_width + 2)},
     }
     predicted = {name: predict_seconds(run.stats, cost) for name, run in runs.items() if run.stats.output_tokens}
@@ -297,18 +305,17 @@ def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device
 
 
 def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, bild: DecodingConfig,
-              repeats: int = 3, with_projection: bool = True) -> dict:
+              repeats: int = 3, with_projection: bool = True, ct2: dict | None = None) -> dict:
+    """The whole benchmark; ``ct2`` ({"small": CT2Model, "large": ...}) adds the CTranslate2 rows."""
     sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
     sampler.warm_up()
-    runs = run_methods(pair, texts, bild, repeats, between_records=sampler.sample)
+    methods = OURS + HF + (CT2 if ct2 else ())
+    runs = run_methods(pair, texts, bild, repeats, methods, between_records=sampler.sample, ct2=ct2)
     rows = summarize_methods(pair, runs, references)
     cost = sampler.result()
-    encoders = {
-        name: sum(encoder_seconds(pair, Generator(pair, bild).encode(t)[0].to(pair.device), models)
-                  for t in texts)
-        for name, models in (("large", ("large",)), ("small", ("small",)),
-                             ("both", ("large",) if pair.shares_encoder else ("small", "large")))
-    }
+    encoded = [Generator(pair, bild).encode(t)[0][0] for t in texts]
+    encoders = {name: sum(admission_seconds(pair, ids, roles) for ids in encoded)
+                for name, roles in (("large", ("large",)), ("small", ("small",)), ("both", ("large", "small")))}
     for row in rows:
         run = runs[row["method"]]
         if row["method"] in OURS:
@@ -317,11 +324,13 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
             row["predicted_s"] = enc + predict_seconds(run.stats, cost)
             row["measured_over_predicted"] = measured / row["predicted_s"]
     report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), "device": str(pair.device),
+              "engine": pair.engine_kind, "ct2": ct2["large"].description if ct2 else None,
               "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "methods": rows,
               "cost_model": cost}
     if with_projection:
         lengths = [Generator(pair, bild).encode(t)[0].shape[1] for t in texts]
-        report["projection"] = projection(runs, int(np.median(lengths)), bild.max_draft_tokens, pair.device)
+        report["projection"] = projection(runs, int(np.median(lengths)), bild.max_draft_tokens, pair.device,
+                                          pair.engine_kind)
     return report
 
 
@@ -332,10 +341,11 @@ def render_markdown(report: dict) -> str:
         return "" if value is None else str(value)
 
     columns = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu", "exact_match_with_large",
-               "speedup_vs_large", "small_token_share", "fallbacks_per_100_tokens", "rollbacks_per_100_tokens",
+               "speedup_vs_large", "speed_vs_ct2_large", "small_token_share", "fallbacks_per_100_tokens", "rollbacks_per_100_tokens",
                "measured_over_predicted"]
     lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order), "
-             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}",
+             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, "
+             f"engine {report.get('engine')}" + (f", CTranslate2 {report['ct2']}" if report.get("ct2") else ""),
              f"decoding: {report['decoding']}", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in report["methods"]:

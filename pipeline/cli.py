@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
 import click
 
-from pipeline.decoding.config import DRAFT_WINDOWS, METHODS, DecodingConfig
+from pipeline.decoding.config import DRAFT_WINDOWS, ENGINES, METHODS, DecodingConfig
 
 
 def _decoding_options(func):
@@ -42,17 +43,25 @@ def _decoding_config(options: dict) -> DecodingConfig:
         raise click.UsageError(str(exc)) from exc
 
 
-def _load_pair(small: str, large: str, tokenizer: str | None, dtype: str, device: str, trust_remote_code: bool):
+def _load_pair(small: str, large: str, tokenizer: str | None, dtype: str, device: str, trust_remote_code: bool,
+               engine: str = "auto"):
     from pipeline.decoding import IncompatiblePairError, ModelPair
 
     try:
         return ModelPair.from_pretrained(
-            small, large, tokenizer=tokenizer, dtype=dtype, device=device, trust_remote_code=trust_remote_code
+            small, large, tokenizer=tokenizer, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+            engine=engine,
         )
     except IncompatiblePairError as exc:
         raise click.UsageError(f"incompatible model pair: {exc}") from exc
     except OSError as exc:
         raise click.UsageError(f"cannot load the model pair: {exc}") from exc
+
+
+_ENGINE_OPTION = click.option(
+    "--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+    help="auto/native: our own forward pass where the architecture has one (T5 family), else Hugging Face's "
+         "modules (logged); hf: always Hugging Face's.")
 
 
 def _model_options(func):
@@ -64,6 +73,7 @@ def _model_options(func):
                      type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"])),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
         click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
+        _ENGINE_OPTION,
     ]
     for option in reversed(options):
         func = option(func)
@@ -85,12 +95,12 @@ def main() -> None:
 @click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
 @click.argument("texts", nargs=-1, required=True)
-def generate(small, large, tokenizer, dtype, device, trust_remote_code, prompt, as_json, texts, **options):
+def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, prompt, as_json, texts, **options):
     """Decode TEXTS with a small/large pair and print each output with its statistics."""
     from pipeline.decoding import Generator
 
     config = _decoding_config(options)
-    pair = _load_pair(small, large, tokenizer, dtype, device, trust_remote_code)
+    pair = _load_pair(small, large, tokenizer, dtype, device, trust_remote_code, engine)
     inputs = [prompt.format(text=text) if prompt else text for text in texts]
     results = Generator(pair, config).generate(inputs)
     failed = False
@@ -337,8 +347,9 @@ def tiny_pair(out_dir, family, small_kind, seed):
 @click.option("--fallback-threshold", type=float, default=0.4, show_default=True)
 @click.option("--rollback-threshold", type=float, default=3.0, show_default=True)
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice).")
+@_ENGINE_OPTION
 def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens, fallback_threshold,
-               rollback_threshold, threads):
+               rollback_threshold, threads, engine):
     """Loop overhead: our `large` loop vs HF generate(), and BiLD bookkeeping vs model time."""
     import torch
 
@@ -353,10 +364,10 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
         from pipeline.tiny import build_pair
 
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
-        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"))
+        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
         described = "tiny random T5 pair (noisy small copy), built in memory"
     else:
-        pair = _load_pair(small, large, None, dtype, device, False)
+        pair = _load_pair(small, large, None, dtype, device, False, engine)
         described = f"small={small} large={large}"
     texts = [line for line in _BENCH_TEXTS][:num_inputs]
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
@@ -392,6 +403,10 @@ _bench_decoding_options = _options(
     click.option("--device", default="cpu", show_default=True),
     click.option("--dtype", default="float32", show_default=True),
     click.option("--threads", type=int, default=None, help="torch CPU threads."),
+    _ENGINE_OPTION,
+    click.option("--ct2/--no-ct2", "with_ct2", default=None,
+                 help="Add CTranslate2 rows: the same checkpoints converted by CTranslate2's own converter "
+                      "(default: when ctranslate2 is installed, pip install -e .[bench])."),
 )
 
 
@@ -404,16 +419,46 @@ _bench_decoding_options = _options(
               help="Also project the speedup at T5-small/T5-large shapes (random weights, timed here).")
 @click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
 def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
-          rollback_threshold, max_draft_tokens, device, dtype, threads, projection, out_dir):
-    """BiLD vs large, small, speculative, HF generate and HF assisted generation, side by side (batch 1)."""
+          rollback_threshold, max_draft_tokens, device, dtype, threads, engine, with_ct2, projection, out_dir):
+    """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
+    side (batch 1)."""
 
     from pipeline.benchmark import render_markdown, run_bench
 
-    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt)
+    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
+                                            prompt)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
-    report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection)
+    with _ct2_models(pair, with_ct2) as ct2:
+        report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection, ct2=ct2)
     _show_report(render_markdown(report), report, out_dir, "bench")
+
+
+@contextlib.contextmanager
+def _ct2_models(pair, wanted: bool | None):
+    """The pair converted for CTranslate2 in a temporary folder, or None (not wanted, not installed)."""
+    import tempfile
+
+    import torch
+
+    from pipeline import bench_ct2
+
+    if wanted is False or (wanted is None and not bench_ct2.available()):
+        yield None
+        return
+    if not bench_ct2.available():
+        raise click.UsageError("--ct2 needs the ctranslate2 package: pip install -e .[bench]")
+    if not pair.is_encoder_decoder or pair.device.type != "cpu" or pair.large.dtype != torch.float32:
+        if wanted:
+            raise click.UsageError("--ct2 compares encoder-decoder pairs in float32 on the CPU")
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="bild-ct2-") as work:
+        try:
+            models = bench_ct2.convert_pair(pair, work, threads=torch.get_num_threads())
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        yield models
 
 
 def _show_report(markdown: str, report: dict, out_dir: str | None, stem: str) -> None:
@@ -427,7 +472,7 @@ def _show_report(markdown: str, report: dict, out_dir: str | None, stem: str) ->
         (Path(out_dir) / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
 
 
-def _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt):
+def _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit, prompt):
     """(pair, texts, references) for a benchmark: the named pair (or a tiny random T5 pair built in
     memory) and the first ``limit`` lines of ``source``/``reference`` (or built-in sentences)."""
     from pathlib import Path
@@ -442,9 +487,9 @@ def _bench_inputs(small, large, dtype, device, threads, source, reference, limit
         from pipeline.tiny import build_pair
 
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
-        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"))
+        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
     else:
-        pair = _load_pair(small, large, None, dtype, device, False)
+        pair = _load_pair(small, large, None, dtype, device, False, engine)
     texts = (Path(source).read_text(encoding="utf-8").splitlines() if source else list(_BENCH_TEXTS))[:limit]
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
     if prompt:
@@ -490,21 +535,23 @@ def bench_pipeline(small, large, records, repeats):
 @click.option("--out", "out_dir", default=None, help="Write bench_batch.md and bench_batch.json here.")
 def bench_batch(small, large, source, reference, prompt, limit, repeats, methods, batch_sizes, verify_shares,
                 max_new_tokens, fallback_threshold, rollback_threshold, max_draft_tokens, device, dtype, threads,
-                out_dir):
+                engine, with_ct2, out_dir):
     """Batched decoding throughput: tokens/s at several batch sizes, ratios measured in one run."""
 
     from pipeline.bench_batch import render_markdown, run_batch_bench
 
-    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, source, reference, limit, prompt)
+    pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
+                                            prompt)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
-    report = run_batch_bench(
-        pair, texts, references, config,
-        methods=tuple(m.strip() for m in methods.split(",")),
-        batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
-        verify_shares=tuple(float(v) for v in verify_shares.split(",")),
-        repeats=repeats,
-    )
+    with _ct2_models(pair, with_ct2) as ct2:
+        report = run_batch_bench(
+            pair, texts, references, config,
+            methods=tuple(m.strip() for m in methods.split(",")),
+            batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
+            verify_shares=tuple(float(v) for v in verify_shares.split(",")),
+            repeats=repeats, ct2=ct2,
+        )
     _show_report(render_markdown(report), report, out_dir, "bench_batch")
 
 

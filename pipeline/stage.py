@@ -36,6 +36,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("job_name", pa.string()),
         ("config_hash", pa.string()),
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
+        ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
     ]
 )
 
@@ -66,6 +67,7 @@ class DecodeStageSpec:
     sweep: bool = False  # adds the `point` column
     batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
     verify_share: float = 1.0
+    engine: str = "auto"  # models.engine: asked for; the output's `engine` column says what ran
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -87,6 +89,7 @@ class DecodeStage:
             dtype=spec.dtype,
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
+            engine=spec.engine,
         )
         self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
@@ -141,6 +144,7 @@ class DecodeStage:
             "job_name": self.spec.job_name,
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
+            "engine": self.pair.engine_kind,
         }
         if self.spec.sweep:
             out["point"] = point

@@ -20,7 +20,7 @@ import yaml
 
 from pipeline.benchmark import cost_model
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, load_model
-from pipeline.decoding.loop import DecodeStats
+from pipeline.decoding.stats import DecodeStats
 
 
 def main() -> None:
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--engine", default="auto", choices=["auto", "native", "hf"])
     parser.add_argument("--out", default=None, help="Write table.md and table.json here.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -41,8 +42,8 @@ def main() -> None:
     small = load_model(str(models / "small"))
     aligned = load_model(str(models / "small-aligned"))
     tokenizer = ModelPair.from_pretrained(str(models / "small"), str(models / "large"), device="cpu").tokenizer
-    unaligned_pair = ModelPair(small, large, tokenizer, torch.device("cpu"))
-    aligned_pair = ModelPair(aligned, large, tokenizer, torch.device("cpu"))
+    unaligned_pair = ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request=args.engine)
+    aligned_pair = ModelPair(aligned, large, tokenizer, torch.device("cpu"), engine_request=args.engine)
     preset = yaml.safe_load(Path(args.preset).read_text())["decoding"]
     base = DecodingConfig(max_new_tokens=args.max_new_tokens)
     bild = dataclasses.replace(base, method="bild", fallback_threshold=preset["fallback_threshold"],

@@ -22,11 +22,14 @@ TEXTS = [
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_pair(family: str, small: str = "independent", seed: int = 0, dtype: str = "float32") -> ModelPair:
-    """A (cached) tiny pair: small="independent" disagrees often, small="noisy" mostly agrees."""
+def tiny_pair(family: str, small: str = "independent", seed: int = 0, dtype: str = "float32",
+              engine: str = "auto") -> ModelPair:
+    """A (cached) tiny pair: small="independent" disagrees often, small="noisy" mostly agrees.
+    engine="auto" runs T5 on the native engine and the other families on Hugging Face's."""
     small_model, large_model, tokenizer = build_pair(family, seed=seed, small=small)
     torch_dtype = getattr(torch, dtype)
-    return ModelPair(small_model.to(torch_dtype), large_model.to(torch_dtype), tokenizer, torch.device("cpu"))
+    return ModelPair(small_model.to(torch_dtype), large_model.to(torch_dtype), tokenizer, torch.device("cpu"),
+                     engine_request=engine)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """A scripted stand-in for a model: its next-token distribution is a Python function of the prefix.
 
-It has the runner interface the decode loops use (``forward``, ``rewind``, ``cached``), so loop
-behaviour can be tested case by case without any neural network.
+It is an engine (pipeline.decoding.engine) like the real ones, so the scheduler's behaviour can be
+tested case by case without any neural network.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from pipeline.decoding.engine import Engine, Feed
 
 VOCAB = 8
 EOS = 1
@@ -21,20 +23,28 @@ def peaked(token: int, confidence: float) -> torch.Tensor:
     return probs
 
 
-class ScriptedRunner:
-    def __init__(self, script: Callable[[tuple[int, ...]], torch.Tensor]):
+class ScriptedEngine(Engine):
+    kind = "scripted"
+
+    def __init__(self, script: Callable[[tuple[int, ...]], torch.Tensor], slots: int = 1):
+        super().__init__(slots)
         self.script = script  # prefix (tokens up to and including the current one) -> probs [V]
-        self.cached = 0
-        self.calls = 0
-        self.fed: list[list[int]] = []  # the tail fed in each call
+        self.seen: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens, by position
+        self.fed: list[list[int]] = []  # the tokens fed, per row and call
 
-    def forward(self, sequence: torch.Tensor) -> torch.Tensor:
-        tokens = sequence[0].tolist()
-        rows = [self.script(tuple(tokens[: position + 1])) for position in range(self.cached, len(tokens))]
-        self.fed.append(tokens[self.cached :])
-        self.cached = len(tokens)
-        self.calls += 1
-        return torch.log(torch.stack(rows))[None]  # logits [1, T, V]
+    def _admit(self, slots, input_ids, encoded):
+        for slot in slots:
+            self.seen[slot] = []
+        return None
 
-    def rewind(self, keep: int) -> None:
-        self.cached = min(self.cached, keep)
+    def _forward(self, feed: Feed) -> torch.Tensor:
+        rows = []
+        for r, (slot, position, count, read) in enumerate(zip(feed.slots, feed.positions, feed.counts, feed.reads)):
+            tokens = feed.tokens[r, :count].tolist()
+            self.seen[slot][position:] = tokens
+            self.fed.append(tokens)
+            end = position + count
+            rows.append([self.script(tuple(self.seen[slot][: p + 1])) for p in range(end - read, end)])
+        most = max(feed.reads)
+        padded = [row + [torch.full((VOCAB,), 1.0 / VOCAB, dtype=torch.float64)] * (most - len(row)) for row in rows]
+        return torch.log(torch.stack([torch.stack(row) for row in padded]))  # logits [R, max(reads), V]

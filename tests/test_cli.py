@@ -48,3 +48,18 @@ def test_generate_refuses_a_missing_model_with_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["generate", "--small", str(tmp_path / "nope"), "--large",
                                        str(tmp_path / "nope"), "x"])
     assert result.exit_code == 2 and "cannot load" in result.output
+
+
+def test_generate_on_either_engine_gives_the_same_output(saved_pair):
+    small, large = saved_pair
+    outputs = {}
+    for engine in ("native", "hf"):
+        result = CliRunner().invoke(main, ["generate", "--small", str(small), "--large", str(large), "--json",
+                                           "--engine", engine, "--max-new-tokens", "10", "Ein Hund läuft."])
+        assert result.exit_code == 0, result.output
+        outputs[engine] = json.loads(result.output.splitlines()[-1])
+    for record in outputs.values():
+        record.pop("latency_ms")
+    assert outputs["native"] == outputs["hf"]
+    result = CliRunner().invoke(main, ["generate", "--small", str(small), "--large", str(large), "--engine", "x", "y"])
+    assert result.exit_code == 2 and "--engine" in result.output

@@ -10,9 +10,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pipeline.decoding import DecodingConfig, decode_autoregressive, decode_with_drafts, speculative_verify
+from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Scheduler, speculative_verify
+from pipeline.decoding.hf_engine import HFEngine
+from pipeline.decoding.models import build_engine
 from pipeline.decoding.policies import Verdict
-from pipeline.decoding.runner import CachedDecoder
 from pipeline.decoding.sampling import RowSampler
 
 VOCAB = 6
@@ -62,47 +63,76 @@ def test_policy_output_is_distributed_as_the_target(accept_everything):
         assert result.pvalue > P_FLOOR, result
 
 
-def tiny_vocab_pair():
-    """A GPT-2 pair over a 6-token vocabulary, so the output distribution can be enumerated."""
+def tiny_vocab_pair(family: str = "gpt2"):
+    """A pair over a 6-token vocabulary, so the output distribution can be enumerated: GPT-2 (run by
+    the Hugging Face engine) or T5 (run by the native engine)."""
     import pipeline.tiny as tiny
 
-    config_small, config_large = tiny._config("gpt2", "small"), tiny._config("gpt2", "large")
     models = []
-    for seed, config in ((1, config_small), (0, config_large)):
+    for seed, size in ((1, "small"), (0, "large")):
+        config = tiny._config(family, size)
         config.vocab_size = VOCAB
         torch.manual_seed(seed)
-        model = tiny._MODEL_CLASSES["gpt2"](config).double().eval()
+        model = tiny._MODEL_CLASSES[family](config).double().eval()
         tiny._scale_weights(model, 1.0, logit_std=1.5)
         models.append(model)
     return models
 
 
-@pytest.mark.parametrize("draft_window", ["fixed", "fallback", "negative_control"])
-def test_speculative_loop_preserves_the_large_models_distribution(draft_window):
-    small, large = tiny_vocab_pair()
-    prefix = torch.tensor([[2, 3, 4]])
-    with torch.inference_mode():
-        first = torch.softmax(large(prefix).logits[0, -1], -1)  # pL(a | prefix)
-        second = torch.stack([
-            torch.softmax(large(torch.cat([prefix, torch.tensor([[a]])], 1)).logits[0, -1], -1) for a in range(VOCAB)
-        ])  # pL(b | prefix, a)
-    expected = (first[:, None] * second).flatten()
+SOURCE = torch.tensor([2, 3, 4])  # the prompt (GPT-2) or the encoder input (T5)
 
+
+def next_token_probs(model, tokens: list[int]) -> torch.Tensor:
+    """pL(. | tokens) [V]: after the prompt (GPT-2), or the decoder's start token and tokens (T5)."""
+    with torch.inference_mode():
+        if model.config.is_encoder_decoder:
+            logits = model(input_ids=SOURCE[None], decoder_input_ids=torch.tensor([[0, *tokens]])).logits
+        else:
+            logits = model(torch.cat([SOURCE, torch.tensor(tokens, dtype=torch.long)])[None]).logits
+    return torch.softmax(logits[0, -1], -1)
+
+
+def two_token_distribution(large) -> torch.Tensor:
+    """pL(a, b | source) over all VOCAB * VOCAB pairs, flattened as a * VOCAB + b."""
+    first = next_token_probs(large, [])
+    second = torch.stack([next_token_probs(large, [a]) for a in range(VOCAB)])
+    return (first[:, None] * second).flatten()
+
+
+def prefix_for(model):
+    if model.config.is_encoder_decoder:
+        return lambda input_ids: torch.tensor([0])
+    return lambda input_ids: input_ids
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+@pytest.mark.parametrize("draft_window", ["fixed", "fallback", "negative_control"])
+def test_speculative_loop_preserves_the_large_models_distribution(family, draft_window):
+    small, large = tiny_vocab_pair(family)
+    expected = two_token_distribution(large)
     control = draft_window == "negative_control"
     config = DecodingConfig(method="small" if control else "speculative", do_sample=True, max_new_tokens=2,
                             max_draft_tokens=2, draft_window="fixed" if control else draft_window,
                             fallback_threshold=0.35)
-    sampler = RowSampler.seeded([5])
-    counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
+    kind = "native" if family == "t5" else "hf"
+    engines = [build_engine(model, kind, 1) for model in (small, large)]
+    scheduler = Scheduler(engines[0], None if control else engines[1], config, BatchPolicy(batch_size=1),
+                          frozenset(), prefix_for=prefix_for(large))
     samples = 3000
-    for _ in range(samples):
-        if control:  # the small model's own samples: the same test must see they are not pL's
-            out = decode_autoregressive(CachedDecoder(small), prefix, config, frozenset(), sampler, writer="small")
-        else:
-            out = decode_with_drafts(CachedDecoder(small), CachedDecoder(large), prefix, config, frozenset(), sampler)
+    counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
+    for out in scheduler.run([BatchRequest(SOURCE, seed=5 + seed) for seed in range(samples)]):
         counts[out.tokens[0] * VOCAB + out.tokens[1]] += 1
     result = chisquare(counts, expected * samples)
-    if control:
+    if control:  # the small model's own samples: the same test must see they are not pL's
         assert result.pvalue < 1e-6, result
     else:
         assert result.pvalue > P_FLOOR, result
+
+
+def test_the_t5_engine_runs_natively_here():
+    """The T5 half of the test above really goes through the native engine."""
+    from pipeline.decoding.t5_engine import T5Engine
+
+    small, large = tiny_vocab_pair("t5")
+    assert isinstance(build_engine(large, "native", 1), T5Engine)
+    assert isinstance(build_engine(large, "hf", 1), HFEngine)

@@ -89,23 +89,26 @@ def test_config_rejects_nonsense():
         DecodingConfig(max_new_tokens=0)
 
 
-def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass():
+@pytest.mark.parametrize("engine", ["hf", "native"])
+def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass(engine, monkeypatch):
     """A shrunk small model (pipeline/training/shrink.py) keeps the large encoder: it runs once."""
     import dataclasses
 
     from conftest import TEXTS, tiny_pair
-    from pipeline.decoding.batch import BatchPolicy
     from pipeline.decoding.models import ModelPair
+    from pipeline.decoding.scheduler import BatchPolicy
+    from pipeline.decoding.t5_engine import T5Weights
     from pipeline.training.shrink import shrink_from_large
 
     base = tiny_pair("t5", "independent", 0)
     assert not base.shares_encoder
     small = shrink_from_large(base.large).eval()
-    pair = ModelPair(small, base.large, base.tokenizer, base.device)
-    assert pair.shares_encoder
+    pair = ModelPair(small, base.large, base.tokenizer, base.device, engine_request=engine)
+    assert pair.shares_encoder and pair.engine_kind == engine
     calls = []
-    for model in (pair.small, pair.large):
-        model.get_encoder().register_forward_hook(lambda *args: calls.append(1))
+    hooks = [model.get_encoder().register_forward_hook(lambda *args: calls.append(1)) for model in (pair.small, pair.large)]
+    encode = T5Weights.encode
+    monkeypatch.setattr(T5Weights, "encode", lambda *args: (calls.append(1), encode(*args))[1])
     config = DecodingConfig(method="bild", max_new_tokens=16, fallback_threshold=0.5)
     shared = Generator(pair, config).generate(TEXTS)
     assert len(calls) == len(TEXTS)  # one encoder pass per record, not two
@@ -115,3 +118,5 @@ def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass():
     alone = Generator(apart, config).generate(TEXTS)
     assert [r.token_ids for r in shared] == [r.token_ids for r in alone] == [r.token_ids for r in batched]
     assert [r.stats for r in shared] == [r.stats for r in alone]
+    for hook in hooks:
+        hook.remove()

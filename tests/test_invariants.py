@@ -14,9 +14,10 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from conftest import TEXTS, tiny_pair
-from pipeline.decoding import DecodingConfig, Generator, decode_with_drafts
-from pipeline.decoding.runner import CachedDecoder
+from pipeline.decoding import DecodingConfig, Generator
+from pipeline.decoding.engine import Engine
 from pipeline.decoding.sampling import RowSampler
+from pipeline.decoding.t5_engine import T5Weights
 from reference import next_token_logits, reference_bild
 
 FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
@@ -31,8 +32,8 @@ def greedy_large(pair, texts, max_new=MAX_NEW):
 def is_float_tie(pair, text, tokens: list[int], position: int) -> bool:
     """Whether the large model's top-2 logits at `position` of the reference output nearly tie."""
     input_ids, _ = Generator(pair, DecodingConfig()).encode(text)
-    small, large, prefix = pair.runners(input_ids, small=False)
-    logits = next_token_logits(pair.large, input_ids, prefix[0].tolist() + tokens[:position])[-1]
+    prefix = pair.decoder_prefix(input_ids[0])
+    logits = next_token_logits(pair.large, input_ids, prefix.tolist() + tokens[:position])[-1]
     top2 = logits.double().topk(2).values
     return bool(top2[0] - top2[1] < TIE)
 
@@ -114,8 +115,8 @@ def test_cached_bild_matches_the_cache_free_reference(family, rollback_threshold
         for text in TEXTS[:3]:
             got = generator.generate_one(text)
             input_ids, _ = generator.encode(text)
-            _, _, prefix = pair.runners(input_ids, small=False, large=False)
-            want = reference_bild(pair.small, pair.large, input_ids, prefix[0].tolist(), config, pair.eos_token_ids)
+            prefix = pair.decoder_prefix(input_ids[0])
+            want = reference_bild(pair.small, pair.large, input_ids, prefix.tolist(), config, pair.eos_token_ids)
             assert got.token_ids == want["tokens"]
             for key in ("fallbacks", "rollbacks", "small_tokens", "large_tokens"):
                 assert getattr(got.stats, key) == want[key], key
@@ -123,23 +124,26 @@ def test_cached_bild_matches_the_cache_free_reference(family, rollback_threshold
     assert rollbacks > 0
 
 
-def test_stale_cache_entries_would_be_caught(monkeypatch):
-    """The test above has teeth: a loop that forgets to cut its caches after a rollback diverges."""
-    pair = tiny_pair("gpt2", "noisy", 0, "float64")
+@pytest.mark.parametrize("family", ["gpt2", "t5"])  # the Hugging Face engine, the native engine
+def test_stale_cache_entries_would_be_caught(monkeypatch, family):
+    """The test above has teeth: an engine that forgets to cut its cache after a rollback diverges
+    (or fails: a row then cannot feed the token that replaced a rejected draft)."""
+    pair = tiny_pair(family, "noisy", 0, "float64")
+    assert pair.engine_kind == ("native" if family == "t5" else "hf")
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, rollback_threshold=2.0,
                             fallback_threshold=0.3, max_draft_tokens=5)
 
-    def forget_to_crop(self, keep):
-        if keep < self.cached:
-            self.cached = keep  # position bookkeeping moves back, but stale keys/values stay
+    def forget_to_cut(self, slot, length):
+        pass  # the rejected drafts' keys and values stay cached
 
-    monkeypatch.setattr(CachedDecoder, "rewind", forget_to_crop)
+    monkeypatch.setattr(Engine, "rewind", forget_to_cut)
     generator = Generator(pair, config)
     differs = 0
     for text in TEXTS:
         got = generator.generate_one(text)
         input_ids, _ = generator.encode(text)
-        want = reference_bild(pair.small, pair.large, input_ids, input_ids[0].tolist(), config, pair.eos_token_ids)
+        prefix = pair.decoder_prefix(input_ids[0]).tolist()
+        want = reference_bild(pair.small, pair.large, input_ids, prefix, config, pair.eos_token_ids)
         differs += got.error is not None or got.token_ids != want["tokens"]
     assert differs > 0
 
@@ -148,21 +152,37 @@ def test_stale_cache_entries_would_be_caught(monkeypatch):
 def test_large_model_never_rereads_verified_tokens(family):
     pair = tiny_pair(family, "noisy", 0)
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, rollback_threshold=2.0, max_draft_tokens=4)
+    small, large = pair.engine("small", 1), pair.engine("large", 1)
+    generator = Generator(pair, config)
     for text in TEXTS:
-        input_ids, _ = Generator(pair, config).encode(text)
-        small, large, prefix = pair.runners(input_ids)
-        out = decode_with_drafts(small, large, prefix, config, pair.eos_token_ids, None)
+        input_ids, _ = generator.encode(text)
+        before = large.tokens_fed, large.calls, small.calls
+        out = generator.decode_ids(input_ids)
         # Every token the large model reads is the prefix, a draft (read once, at its verification)
         # or a token the large model wrote itself.
-        assert large.tokens_fed <= prefix.shape[1] + out.stats.draft_tokens + out.stats.large_tokens
-        assert large.calls == out.stats.large_calls and small.calls == out.stats.small_calls
+        prefix = len(pair.decoder_prefix(input_ids[0]))
+        assert large.tokens_fed - before[0] <= prefix + out.stats.draft_tokens + out.stats.large_tokens
+        assert large.calls - before[1] == out.stats.large_calls and small.calls - before[2] == out.stats.small_calls
 
 
-def test_each_encoder_runs_once_per_input():
-    pair = tiny_pair("t5", "noisy", 0)
+@pytest.mark.parametrize("engine", ["hf", "native"])
+def test_each_encoder_runs_once_per_input(engine, monkeypatch):
+    pair = tiny_pair("t5", "noisy", 0, engine=engine)
+    assert pair.engine_kind == engine and not pair.shares_encoder
     calls = {"small": 0, "large": 0}
-    hooks = [model.get_encoder().register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
-             for name, model in (("small", pair.small), ("large", pair.large))]
+    if engine == "hf":
+        hooks = [model.get_encoder().register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+                 for name, model in (("small", pair.small), ("large", pair.large))]
+    else:
+        hooks = []
+        weights = {id(pair.engine(role, 1).weights): role for role in ("small", "large")}
+        encode = T5Weights.encode
+
+        def counted(self, *args):
+            calls[weights[id(self)]] += 1
+            return encode(self, *args)
+
+        monkeypatch.setattr(T5Weights, "encode", counted)
     try:
         result = Generator(pair, DecodingConfig(method="bild", max_new_tokens=MAX_NEW)).generate_one(TEXTS[0])
     finally:

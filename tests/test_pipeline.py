@@ -78,7 +78,9 @@ def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, ca
     assert summary.decoded_now == 12 and summary.records_in_output == 12
     assert table.column("reference").to_pylist()[0].startswith("reference doc-")
     assert set(table.column("job_name").to_pylist()) == {"test"}
+    assert set(table.column("engine").to_pylist()) == {"native"} and summary.engines == ["native"]  # T5: native
     manifest = json.loads(fs.cat("bild-test/runs/t1/run.json"))
+    assert manifest["attempts"][-1]["summary"]["engines"] == ["native"]
     assert manifest["status"] == "succeeded" and manifest["config_hash"] == job.config_hash()
     assert manifest["versions"]["ray"] and manifest["cluster"]["cpus"] >= 1
     # Secrets never reach the manifest, the summary or the log.
@@ -99,9 +101,10 @@ def test_jsonl_and_csv_inputs(ray_local, saved_tiny_pair, tmp_path):
     run_job(jsonl)
     assert_one_row_per_id(output_rows(jsonl), [str(i) for i in range(5)])
 
-    csv = make_job(saved_tiny_pair, csv_dir, tmp_path / "out-csv", fmt="csv")
-    run_job(csv)
+    csv = make_job(saved_tiny_pair, csv_dir, tmp_path / "out-csv", fmt="csv", models={"engine": "hf"})
+    assert run_job(csv).engines == ["hf"]
     table = output_rows(csv)
+    assert set(table.column("engine").to_pylist()) == {"hf"}
     assert_one_row_per_id(table, [f"00{i}" for i in range(5)])  # ids read as text: leading zeros kept
     assert table.column("error").null_count == 5
 
@@ -224,6 +227,9 @@ def test_job_files_validate_and_name_the_bad_key(tmp_path):
     assert bad_range.exit_code == 2 and "decoding.temperature" in bad_range.output
     override = runner.invoke(main, ["validate", str(tmp_path / "good.yaml"), "--set", "decoding.method=beam"])
     assert override.exit_code == 2 and "decoding.method" in override.output
+    engine = runner.invoke(main, ["validate", str(tmp_path / "good.yaml"), "--set", "models.engine=fast"])
+    assert engine.exit_code == 2 and "models.engine" in engine.output
+    assert load_job(tmp_path / "good.yaml", ["models.engine=hf"]).models.engine == "hf"
     job = load_job(tmp_path / "good.yaml", ["decoding.method=large", "input.limit=100"])
     assert job.decoding.method == "large" and job.input.limit == 100
     run_bad = runner.invoke(main, ["run", str(tmp_path / "typo.yaml")])

@@ -1,4 +1,4 @@
-"""Named cases for the decision rules and the loop around them, in the style of vLLM's
+"""Named cases for the decision rules and the scheduler around them, in the style of vLLM's
 rejection-sampler tests: each case is one situation the paper's algorithm must handle."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from pipeline.decoding import DecodingConfig, bild_verify, decode_with_drafts, fallback, greedy_match_verify
-from pipeline.decoding.sampling import RowSampler
-from scripted import EOS, VOCAB, ScriptedRunner, peaked
+from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Scheduler, bild_verify, fallback, greedy_match_verify
+from scripted import EOS, VOCAB, ScriptedEngine, peaked
 
 START = 0
 TARGET = [3, 4, 5, 6, 7, 2, 3, EOS]  # the large model's greedy output
@@ -38,11 +37,13 @@ def small_script(*, wrong_at: int | None = None, unsure_at: int | None = None):
     return script
 
 
-def run(small, large, **overrides):
+def run(small, large, seed: int = 0, **overrides):
+    """One record through the scheduler (batch size 1), decoder prefix [START]."""
     config = DecodingConfig(**{"method": "bild", "fallback_threshold": 0.4, "rollback_threshold": 3.0,
                                "max_draft_tokens": 4, "max_new_tokens": 32, **overrides})
-    prefix = torch.tensor([[START]])
-    return decode_with_drafts(small, large, prefix, config, frozenset({EOS}), None)
+    scheduler = Scheduler(small, large, config, BatchPolicy(batch_size=1), frozenset({EOS}),
+                          prefix_for=lambda input_ids: torch.tensor([START]))
+    return scheduler.run([BatchRequest(torch.tensor([5, 6]), seed=seed)])[0]
 
 
 def check_accounting(out):
@@ -95,11 +96,11 @@ def test_greedy_match_verify_stops_at_first_difference():
     assert verdict.rejected.tolist() == [True, False]
 
 
-# --- the loop, case by case ---------------------------------------------------------------------
+# --- the scheduler, case by case ---------------------------------------------------------------------
 
 
 def test_perfect_match_keeps_every_draft():
-    small, large = ScriptedRunner(small_script()), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script()), ScriptedEngine(large_script)
     out = run(small, large)
     assert out.tokens == TARGET
     assert out.stats.rollbacks == 0 and out.stats.fallbacks == 0
@@ -110,7 +111,7 @@ def test_perfect_match_keeps_every_draft():
 
 
 def test_early_mismatch_rolls_back_and_recovers():
-    small, large = ScriptedRunner(small_script(wrong_at=1)), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script(wrong_at=1)), ScriptedEngine(large_script)
     out = run(small, large)
     assert out.tokens == TARGET
     assert out.stats.rollbacks == 1
@@ -121,7 +122,7 @@ def test_early_mismatch_rolls_back_and_recovers():
 
 
 def test_rollback_at_the_first_draft():
-    small, large = ScriptedRunner(small_script(wrong_at=0)), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script(wrong_at=0)), ScriptedEngine(large_script)
     out = run(small, large)
     assert out.tokens == TARGET
     assert out.stats.rollbacks == 1
@@ -130,7 +131,7 @@ def test_rollback_at_the_first_draft():
 
 
 def test_fallback_on_the_first_step():
-    small, large = ScriptedRunner(small_script(unsure_at=0)), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script(unsure_at=0)), ScriptedEngine(large_script)
     out = run(small, large)
     assert out.tokens == TARGET
     assert out.stats.fallbacks == 1
@@ -140,7 +141,7 @@ def test_fallback_on_the_first_step():
 
 
 def test_window_reached_triggers_verification():
-    small, large = ScriptedRunner(small_script()), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script()), ScriptedEngine(large_script)
     out = run(small, large, max_draft_tokens=3, max_new_tokens=6)
     # Round 1: 3 drafts + the large model's token; round 2: window = min(3, 2 left) drafts.
     assert [len(fed) for fed in large.fed] == [4, 3]
@@ -149,7 +150,7 @@ def test_window_reached_triggers_verification():
 
 
 def test_eos_drafted_ends_the_sequence_without_a_bonus_token():
-    small, large = ScriptedRunner(small_script()), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script()), ScriptedEngine(large_script)
     out = run(small, large, max_draft_tokens=10)
     assert out.tokens == TARGET and out.tokens[-1] == EOS
     assert out.stats.large_calls == 1  # the one verification kept all 8 drafts, EOS included
@@ -158,7 +159,7 @@ def test_eos_drafted_ends_the_sequence_without_a_bonus_token():
 
 
 def test_max_new_tokens_reached_mid_draft():
-    small, large = ScriptedRunner(small_script()), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script()), ScriptedEngine(large_script)
     out = run(small, large, max_draft_tokens=10, max_new_tokens=5)
     assert out.tokens == TARGET[:5]
     assert small.calls == 5  # drafting stopped at the budget, not at the window
@@ -167,7 +168,7 @@ def test_max_new_tokens_reached_mid_draft():
 
 
 def test_fallback_mid_draft_discards_only_the_unsure_prediction():
-    small, large = ScriptedRunner(small_script(unsure_at=2)), ScriptedRunner(large_script)
+    small, large = ScriptedEngine(small_script(unsure_at=2)), ScriptedEngine(large_script)
     out = run(small, large)
     assert large.fed[0] == [START, 3, 4]  # two drafts, then the large model writes slot 2
     assert out.tokens == TARGET and out.stats.fallbacks == 1
@@ -176,8 +177,19 @@ def test_fallback_mid_draft_discards_only_the_unsure_prediction():
 
 @pytest.mark.parametrize("method", ["bild", "speculative"])
 def test_sampling_loop_runs_on_scripted_models(method):
-    small, large = ScriptedRunner(small_script(wrong_at=1)), ScriptedRunner(large_script)
-    config = DecodingConfig(method=method, do_sample=True, max_draft_tokens=4, max_new_tokens=16)
-    out = decode_with_drafts(small, large, torch.tensor([[START]]), config, frozenset({EOS}), RowSampler.seeded([0]))
+    small, large = ScriptedEngine(small_script(wrong_at=1)), ScriptedEngine(large_script)
+    out = run(small, large, method=method, do_sample=True, max_draft_tokens=4, max_new_tokens=16)
     check_accounting(out)
     assert 1 <= len(out.tokens) <= 16
+
+
+def test_speculative_verify_with_no_drafts_samples_the_large_model():
+    """A fallback on the first drafting step leaves nothing to verify: the token comes from p alone."""
+    from pipeline.decoding import speculative_verify
+    from pipeline.decoding.sampling import RowSampler
+
+    target = one_hot_probs([5], confidence=0.999)[None]  # [1, K+1 = 1, V]
+    verdict = speculative_verify(torch.zeros((1, 0), dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                 torch.zeros((1, 0, VOCAB), dtype=torch.float64), target, RowSampler.seeded([0]))
+    assert verdict.accepted.tolist() == [0] and verdict.rejected.tolist() == [False]
+    assert verdict.next_token.tolist() == [5]

@@ -1,5 +1,8 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
+config and policies hold the rules, scheduler drives them over a batch of rows, and the engines
+(engine.py: hf_engine, t5_engine) run the models behind one seam.
+
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
 Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.
 """
@@ -9,21 +12,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "BatchOutput": "batch",
-    "BatchPolicy": "batch",
-    "BatchRequest": "batch",
-    "decode_batch": "batch",
-    "BatchedDecoder": "batch_runner",
-    "UnsupportedModelError": "batch_runner",
     "METHODS": "config",
     "DecodingConfig": "config",
+    "ENGINES": "config",
+    "Engine": "engine",
+    "Feed": "engine",
     "GenerationResult": "generator",
     "Generator": "generator",
     "InputError": "generator",
-    "DecodeOutput": "loop",
-    "DecodeStats": "loop",
-    "decode_autoregressive": "loop",
-    "decode_with_drafts": "loop",
+    "HFEngine": "hf_engine",
+    "UnsupportedModelError": "hf_engine",
     "IncompatiblePairError": "models",
     "ModelPair": "models",
     "load_model": "models",
@@ -32,8 +30,14 @@ _EXPORTS = {
     "fallback": "policies",
     "greedy_match_verify": "policies",
     "speculative_verify": "policies",
-    "CachedDecoder": "runner",
     "RowSampler": "sampling",
+    "BatchPolicy": "scheduler",
+    "BatchRequest": "scheduler",
+    "Scheduler": "scheduler",
+    "decode_batch": "scheduler",
+    "DecodeOutput": "stats",
+    "DecodeStats": "stats",
+    "T5Engine": "t5_engine",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,6 +9,8 @@ Method = Literal["bild", "speculative", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]
 METHODS: tuple[str, ...] = ("bild", "speculative", "large", "small")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
+# Which engine runs the models (engine.py): auto/native take the native one where it exists.
+ENGINES: tuple[str, ...] = ("auto", "native", "hf")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.decoding.batch import BatchPolicy, BatchRequest, decode_batch
 from pipeline.decoding.config import DecodingConfig
-from pipeline.decoding.loop import DecodeOutput, DecodeStats, decode_autoregressive, decode_with_drafts
 from pipeline.decoding.models import ModelPair
-from pipeline.decoding.sampling import RowSampler
+from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, decode_batch
+from pipeline.decoding.stats import DecodeOutput, DecodeStats
+
+ONE_AT_A_TIME = BatchPolicy(batch_size=1)
 
 
 @dataclass
@@ -137,17 +138,6 @@ class Generator:
         return results
 
     def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
-        """Run the configured method on token ids [1, S] (encoders included)."""
-        config = self.config
-        sampler = None
-        if config.do_sample:
-            sampler = RowSampler.seeded([config.seed if seed is None else seed], device=self.pair.device)
-        eos = self.pair.eos_token_ids
-        if config.method in ("large", "small"):
-            small, large, prefix = self.pair.runners(
-                input_ids, small=config.method == "small", large=config.method == "large"
-            )
-            runner = large if config.method == "large" else small
-            return decode_autoregressive(runner, prefix, config, eos, sampler, writer=config.method)
-        small, large, prefix = self.pair.runners(input_ids)
-        return decode_with_drafts(small, large, prefix, config, eos, sampler)
+        """Run the configured method on token ids [1, S] (encoders included): the scheduler with one row."""
+        seed = self.config.seed if seed is None else seed
+        return decode_batch(self.pair, self.config, ONE_AT_A_TIME, [BatchRequest(input_ids[0], seed)])[0]

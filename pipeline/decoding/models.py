@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import (
@@ -14,7 +14,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding.runner import CachedDecoder
+from pipeline.decoding import t5_engine
+from pipeline.decoding.engine import Engine, engine_kind
+from pipeline.decoding.hf_engine import HFEngine
 
 DTYPES = {
     "float32": torch.float32,
@@ -80,12 +82,21 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 
 @dataclass
 class ModelPair:
-    """The small (drafting) and large (verifying) model, their shared tokenizer and device."""
+    """The small (drafting) and large (verifying) model, their shared tokenizer and device.
+
+    ``engine_request`` asks for the engine the pair decodes on (engine.py; the job key
+    ``models.engine``): ``auto`` and ``native`` take the native engine where both models have one
+    and fall back to Hugging Face's modules with one log line; ``hf`` always runs Hugging Face's.
+    ``engine_kind`` says which one runs. ``engine(role, slots)`` builds them.
+    """
 
     small: PreTrainedModel
     large: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
+    engine_request: str = "auto"
+    _engines: dict = field(default_factory=dict, init=False, repr=False)
+    _native: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_compatible(self.small, self.large)
@@ -97,6 +108,8 @@ class ModelPair:
         # A small model cut out of the large one (pipeline/training/shrink.py) keeps its encoder:
         # then one encoder pass serves both decoders.
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
+        reasons = {"small": t5_engine.unsupported_reason(self.small), "large": t5_engine.unsupported_reason(self.large)}
+        self.engine_kind = engine_kind(self.engine_request, reasons)
 
     @classmethod
     def from_pretrained(
@@ -108,6 +121,7 @@ class ModelPair:
         dtype: str | torch.dtype = "float32",
         device: str = "auto",
         trust_remote_code: bool = False,
+        engine: str = "auto",
     ) -> "ModelPair":
         """Load both models by hub id or local folder; the tokenizer defaults to the large model's."""
         torch_device = resolve_device(device)
@@ -124,34 +138,36 @@ class ModelPair:
             large=load_model(large, **load),
             tokenizer=shared_tokenizer,
             device=torch_device,
+            engine_request=engine,
         )
 
-    def runners(self, input_ids: torch.Tensor, *, small: bool = True, large: bool = True):
-        """Run each needed model's encoder once and return (small_runner, large_runner, prefix).
+    def engine(self, role: str, slots: int) -> Engine:
+        """The engine of the ``role`` ("small" or "large") model with room for ``slots`` rows.
 
-        input_ids: [B, S]. For encoder-decoder models the decoder prefix is the start token and
-        each runner holds its own model's encoder output; for decoder-only models the prompt is
-        the prefix. A runner not asked for is None.
+        Built once per (role, slots) and reused: decoding on one pair is sequential, and every
+        admitted row starts from an empty slot. The native engines share one prepared copy of
+        each model's weights.
         """
-        input_ids = input_ids.to(self.device)
-        attention_mask = torch.ones_like(input_ids)
-        if not self.is_encoder_decoder:
-            return (
-                CachedDecoder(self.small) if small else None,
-                CachedDecoder(self.large) if large else None,
-                input_ids,
-            )
-        prefix = torch.full((input_ids.shape[0], 1), self.decoder_start_token_id, dtype=torch.long, device=self.device)
-        made, encoded = [], None
-        for wanted, model in ((large, self.large), (small, self.small)):
-            if not wanted:
-                made.append(None)
-                continue
-            if encoded is None or not self.shares_encoder:
-                with torch.inference_mode():
-                    encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
-            made.append(CachedDecoder(model, encoded, attention_mask))
-        return made[1], made[0], prefix
+        key = (role, slots)
+        if key not in self._engines:
+            if self.engine_kind == "native" and role not in self._native:
+                self._native[role] = t5_engine.T5Weights.from_model(getattr(self, role))
+            self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
+        return self._engines[key]
+
+    def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """A request's decoder prefix [P]: the start token (encoder-decoder) or the prompt itself."""
+        if self.is_encoder_decoder:
+            return torch.tensor([self.decoder_start_token_id], dtype=torch.long)
+        return input_ids.cpu()
+
+
+def build_engine(model: PreTrainedModel, kind: str, slots: int, weights=None) -> Engine:
+    """An engine of ``kind`` ("native" or "hf") for ``model`` with ``slots`` rows; ``weights`` passes
+    the native engine's prepared weights when they exist already."""
+    if kind == "native":
+        return t5_engine.T5Engine(weights or t5_engine.T5Weights.from_model(model), slots)
+    return HFEngine(model, slots)
 
 
 def same_encoder(small: PreTrainedModel, large: PreTrainedModel) -> bool:

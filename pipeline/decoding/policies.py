@@ -111,7 +111,7 @@ def speculative_verify(
 
     rows = torch.arange(batch, device=drafts.device)
     p_next = target_probs[rows, accepted]  # [B, V]
-    q_padded = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # [B, K+1, V]
+    q_padded = torch.cat([draft_probs, draft_probs.new_zeros((batch, 1, target_probs.shape[-1]))], dim=1)  # [B, K+1, V]
     q_next = torch.where(rejected[:, None], q_padded[rows, accepted], torch.zeros_like(p_next))
     residual = (p_next - q_next).clamp(min=0.0)
     mass = residual.sum(dim=-1, keepdim=True)

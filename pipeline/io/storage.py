@@ -131,12 +131,21 @@ def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) 
 
 
 def read_output_table(url: str, storage_options: dict | None = None, columns: list[str] | None = None) -> pa.Table:
-    """All output rows under a run's path (for summaries and tests)."""
+    """All output rows under a run's path (for summaries and tests).
+
+    A column asked for that an older file lacks (one added to the output later) reads as nulls.
+    """
     fs, path = open_filesystem(url, storage_options)
     tables = []
     for file in output_files(fs, path):
         with fs.open(file, "rb") as handle:
-            tables.append(pq.read_table(handle, columns=columns))
+            parquet = pq.ParquetFile(handle)
+            present = parquet.schema_arrow.names
+            table = parquet.read(columns=[c for c in columns if c in present] if columns else None)
+        for name in columns or []:
+            if name not in present:
+                table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+        tables.append(table.select(columns) if columns else table)
     if not tables:
         return pa.table({})
     return pa.concat_tables(tables)

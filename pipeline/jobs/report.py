@@ -158,6 +158,7 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
 
     lines = [f"# Report: {summary.get('job_name') or summary['run']}", "",
              f"run `{summary['run']}`, task {summary['task']}, method {summary.get('method')}, "
+             f"engine {', '.join(summary.get('engines') or []) or 'not recorded'}, "
              f"config {summary.get('config_hash')}", "", "## Records", ""]
     records = summary["records"]
     lines += [f"{records['total']} records: {records['ok']} decoded, {records['errors']} errors, "

@@ -38,7 +38,7 @@ from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS = ["id", "error", "output_tokens", "small_tokens", "fallbacks", "rollbacks", "latency_ms"]
+SUMMARY_COLUMNS = ["id", "error", "output_tokens", "small_tokens", "fallbacks", "rollbacks", "latency_ms", "engine"]
 
 
 class OutputExistsError(ValueError):
@@ -59,6 +59,7 @@ class RunSummary:
     small_share: float
     fallbacks_per_100_tokens: float
     rollbacks_per_100_tokens: float
+    engines: list[str]  # what ran the models this run ("native", "hf"); from the output's engine column
 
     @property
     def tokens_per_second(self) -> float:
@@ -75,6 +76,7 @@ class RunSummary:
                 f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
                 f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
                 f"rollbacks per 100 tokens",
+                f"  engine: {', '.join(self.engines) or 'none'}",
             ]
         )
 
@@ -142,6 +144,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool) -> DecodeStageSpec:
         sweep=sweep,
         batch_size=job.compute.batch_size,
         verify_share=job.compute.verify_share,
+        engine=models.engine,
     )
 
 
@@ -268,4 +271,5 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         small_share=int(pc.sum(now["small_tokens"]).as_py() or 0) / tokens if tokens else 0.0,
         fallbacks_per_100_tokens=per_100("fallbacks"),
         rollbacks_per_100_tokens=per_100("rollbacks"),
+        engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
     )

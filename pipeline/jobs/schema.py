@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.decoding.config import DecodingConfig
+from pipeline.decoding.config import ENGINES, DecodingConfig
 
 
 class _Section(BaseModel):
@@ -37,6 +37,10 @@ class ModelsSection(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "float32"
     device: str = "auto"
     trust_remote_code: bool = False
+    engine: Literal[ENGINES] = Field(
+        default="auto",
+        description="auto/native: our own forward pass where the architecture has one (the T5 family), else "
+                    "Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
 
 
 class DecodingSection(_Section):
@@ -123,6 +127,8 @@ class JobConfig(_Section):
         """A short hash of what decides the outputs (input, prompt, models, decoding), secrets excluded."""
         decisive = {key: self.redacted()[key] for key in ("task", "input", "prompt", "models", "decoding")}
         decisive["input"] = {k: v for k, v in decisive["input"].items() if k not in ("limit", "storage_options")}
+        # The engine changes speed, not outputs (tests hold native and HF tokens equal), so it stays out.
+        decisive["models"] = {k: v for k, v in decisive["models"].items() if k != "engine"}
         blob = json.dumps(decisive, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

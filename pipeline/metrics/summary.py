@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 NUMERIC_COLUMNS = ["error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
-                   "small_calls", "large_calls", "draft_tokens", "latency_ms", "worker", "reference"]
+                   "small_calls", "large_calls", "draft_tokens", "latency_ms", "worker", "reference", "engine"]
 
 
 def _sum(table: pa.Table, column: str) -> int:
@@ -87,6 +87,7 @@ def run_summary(table: pa.Table, wall_seconds: float | None) -> dict:
                     "with_reference": with_reference},
         "throughput": throughput,
         "latency_ms": latency_summary(np.asarray(ok["latency_ms"].to_pylist(), float) if ok.num_rows else np.array([])),
+        "engines": sorted({e for e in table["engine"].to_pylist() if e}) if "engine" in table.column_names else [],
         "bild": bild_behaviour(ok),
         "errors": errors_by_kind(failed),
     }

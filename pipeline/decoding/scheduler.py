@@ -1,13 +1,14 @@
-"""Batched decoding: many records advance together, each with its own drafts and rollbacks.
+"""The one decoding driver: BiLD, speculative and plain decoding over a batch of rows (DESIGN.md §1).
 
-A batch holds up to ``batch_size`` active rows. Each round either
+A batch holds up to ``batch_size`` active rows (batch size 1 is the same code with one row).
+Each round either
 
 - *drafts*: the small model predicts one token for every drafting row in one forward pass;
   a row that falls back (max pS < alpha_FB), writes EOS or fills its window stops and waits; or
-- *verifies*: the large model reads the pending drafts of every waiting row in one padded
-  forward pass (or a few, see ``_verify_groups``); each row's policy verdict keeps a prefix of
+- *verifies*: the large model reads the pending drafts of every waiting row in one forward pass
+  (or a few, see ``_verify_groups``); each row's policy verdict (policies.py) keeps a prefix of
   its drafts and appends the large model's token, and both models' caches of that row are cut
-  back to what it kept.
+  back to what it kept — a shorter length in each engine, nothing recomputed.
 
 The large model is called when at least ``verify_share`` of the active rows wait (always when
 none is left drafting). A row drafts and is verified exactly as it would be alone, so its
@@ -15,6 +16,9 @@ tokens and statistics do not depend on the rows that share its batch (DESIGN.md 
 Finished rows leave at once and queued records take their slots (continuous batching).
 Plain ``large``/``small`` decoding batches the same way: every active row advances one token
 per forward pass.
+
+The models are reached only through engines (engine.py): ``forward`` feeds each row the tokens
+its engine has not cached yet and returns the logits this round reads.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.decoding.batch_runner import BatchedDecoder
 from pipeline.decoding.config import DecodingConfig
-from pipeline.decoding.loop import DecodeOutput, DecodeStats
+from pipeline.decoding.engine import Engine, Feed
 from pipeline.decoding.policies import Verdict, bild_verify, fallback, greedy_match_verify, speculative_verify
 from pipeline.decoding.sampling import RowSampler, choose, to_probs
+from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class BatchPolicy:
     # (every row waits) gave the most tokens/s at B=4 and B=16 in BENCHMARKS.md.
     verify_share: float = 1.0
     # Admit queued records once this share of the slots is free (always when the batch is
-    # empty): newcomers then share one encoder pass and one first decoder pass.
+    # empty): newcomers then share one encoder pass.
     refill_share: float = 0.25
 
     def __post_init__(self) -> None:
@@ -60,11 +64,6 @@ class BatchRequest:
 
     input_ids: torch.Tensor  # [S]
     seed: int = 0
-
-
-@dataclass
-class BatchOutput(DecodeOutput):
-    seconds: float = 0.0  # the record's time in the batch, from joining to leaving
 
 
 @dataclass
@@ -87,17 +86,18 @@ class _Row:
         return self.length - self.start
 
 
-class BatchDecoder:
-    """Decodes many requests with one model pair, ``policy.batch_size`` rows at a time.
+class Scheduler:
+    """Decodes many requests with a small and a large engine, ``policy.batch_size`` rows at a time.
 
     ``prefix_for(input_ids) -> [P]`` gives a request's decoder prefix (the start token for
-    encoder-decoder models, the prompt for decoder-only ones).
+    encoder-decoder models, the prompt for decoder-only ones). An engine a method does not use
+    may be None.
     """
 
     def __init__(
         self,
-        small,
-        large,
+        small: Engine | None,
+        large: Engine | None,
         config: DecodingConfig,
         policy: BatchPolicy,
         eos_ids: frozenset[int],
@@ -105,20 +105,21 @@ class BatchDecoder:
         device: torch.device | str = "cpu",
         shares_encoder: bool = False,
     ):
+        for engine in (small, large):
+            if engine is not None and engine.slots < policy.batch_size:
+                raise ValueError(f"an engine with {engine.slots} slots cannot hold a batch of {policy.batch_size}")
+        self.small, self.large = small, large
         self.config = config
         self.policy = policy
         self.eos_ids = eos_ids
         self.prefix_for = prefix_for
         self.device = torch.device(device)
-        slots = policy.batch_size
-        self.small = BatchedDecoder(small, slots) if small is not None else None
-        self.large = BatchedDecoder(large, slots) if large is not None else None
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
 
     # --- the outer loop -------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[BatchRequest]) -> list[BatchOutput]:
+    def run(self, requests: Sequence[BatchRequest]) -> list[DecodeOutput]:
         if not requests:
             return []
         queue = deque(range(len(requests)))
@@ -126,7 +127,7 @@ class BatchDecoder:
         self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
-        outputs: list[BatchOutput | None] = [None] * len(requests)
+        outputs: list[DecodeOutput | None] = [None] * len(requests)
         step = self._step_drafts if self.config.method in ("bild", "speculative") else self._step_one_model
         while queue or active:
             joining = []
@@ -138,14 +139,17 @@ class BatchDecoder:
                 self._admit(joining, requests)
                 active.extend(joining)
             for row in step(active):  # rows that finished this round
-                outputs[row.request] = BatchOutput(
+                row.stats.output_tokens = row.produced()
+                outputs[row.request] = DecodeOutput(
                     tokens=self.sequence[row.slot, row.start : row.length].tolist(),
                     stats=row.stats,
                     seconds=time.perf_counter() - row.joined,
                 )
-                row.stats.output_tokens = row.produced()
                 active.remove(row)
                 free.append(row.slot)
+                for engine in (self.small, self.large):
+                    if engine is not None:
+                        engine.release(row.slot)
         return outputs
 
     def _new_row(self, index: int, slot: int, requests: Sequence[BatchRequest]) -> _Row:
@@ -159,29 +163,35 @@ class BatchDecoder:
                     joined=time.perf_counter(), sampler=sampler)
 
     def _admit(self, rows: list[_Row], requests: Sequence[BatchRequest]) -> None:
-        """Run the newcomers' encoders once and let each model read their prefixes (storing
-        their cross-attention keys), so a newcomer's first draft and first verification start
-        from kept logits."""
+        """Newcomers take their slots; encoder-decoder engines run the encoder once for all of them
+        (once for both models when they share it)."""
         slots = [row.slot for row in rows]
         inputs = [requests[row.request].input_ids for row in rows]
-        index = torch.tensor(slots)
-        upto = torch.tensor([row.length for row in rows])
         encoded = None
-        for model in (self.large, self.small):
-            if model is None:
-                continue
-            encoded = model.admit(slots, inputs, encoded if self.shares_encoder else None)
-            model.predict(index, self.sequence, upto, torch.ones_like(upto))
+        for engine in (self.large, self.small):
+            if engine is not None:
+                encoded = engine.admit(slots, inputs, encoded if self.shares_encoder else None)
+
+    def _feed(self, engine: Engine, rows: list[_Row], reads: list[int]) -> Feed:
+        """Each row's tokens that ``engine`` has not cached yet: from its cached length up to the
+        row's last kept token or draft."""
+        slots = [row.slot for row in rows]
+        positions = [engine.lengths[slot] for slot in slots]
+        counts = [row.length + row.drafts - position for row, position in zip(rows, positions)]
+        if len(rows) == 1:
+            tokens = self.sequence[slots[0] : slots[0] + 1, positions[0] : positions[0] + counts[0]]
+        else:
+            columns = torch.tensor(positions)[:, None] + torch.arange(max(counts))[None, :]
+            tokens = self.sequence[torch.tensor(slots)[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]
+        return Feed(slots, tokens, positions, counts, reads)
 
     # --- plain decoding with one model ----------------------------------------------------------
 
     def _step_one_model(self, active: list[_Row]) -> list[_Row]:
         """large/small: every active row gets one token from one forward pass."""
-        model = self.large if self.config.method == "large" else self.small
+        engine = self.large if self.config.method == "large" else self.small
         writer = self.config.method
-        slots = torch.tensor([row.slot for row in active])
-        upto = torch.tensor([row.length for row in active])
-        logits = model.predict(slots, self.sequence, upto, torch.ones_like(upto))[:, 0]  # [R, V]
+        logits = engine.forward(self._feed(engine, active, [1] * len(active)))[:, 0]  # [R, V]
         tokens = self._choose(self._probs(logits), active) if self.config.do_sample else logits.argmax(dim=-1)
         finished = []
         for row, token in zip(active, tokens.tolist()):
@@ -207,15 +217,20 @@ class BatchDecoder:
         return min(self.config.max_draft_tokens, self.config.max_new_tokens - row.produced())
 
     def _draft(self, rows: list[_Row]) -> None:
-        """One small-model step for each drafting row (see loop.draft for one row)."""
-        slots = torch.tensor([row.slot for row in rows])
-        upto = torch.tensor([row.length + row.drafts for row in rows])
-        logits = self.small.predict(slots, self.sequence, upto, torch.ones_like(upto))[:, 0]  # [R, V]
+        """One small-model step for each drafting row: a draft, or a fallback (DESIGN.md §1, step 1)."""
+        logits = self.small.forward(self._feed(self.small, rows, [1] * len(rows)))[:, 0]  # [R, V]
         probs = self._probs(logits)
-        unsure = fallback(probs, self.config.fallback_threshold) if self.use_fallback else torch.zeros(len(rows), dtype=torch.bool)
-        sure = (~unsure).nonzero().squeeze(1)
+        if self.use_fallback:
+            unsure = fallback(probs, self.config.fallback_threshold).tolist()
+        else:
+            unsure = [False] * len(rows)
+        sure = [i for i, flag in enumerate(unsure) if not flag]
         # Only rows that keep a draft draw from their random stream, as they would alone.
-        tokens = dict(zip(sure.tolist(), self._choose(probs[sure], [rows[i] for i in sure.tolist()]).tolist()))
+        if len(sure) == len(rows):
+            chosen = self._choose(probs, rows).tolist()
+        else:
+            chosen = self._choose(probs[sure], [rows[i] for i in sure]).tolist() if sure else []
+        tokens = dict(zip(sure, chosen))
         for i, row in enumerate(rows):
             row.stats.small_calls += 1
             if i not in tokens:
@@ -242,19 +257,20 @@ class BatchDecoder:
     def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
         """Rows sorted by pending tail, cut into the groups that cost the fewest positions when
         every extra pass costs ``overhead`` positions (a shortest-path over the cut points)."""
-        overhead = self.large.call_cost.overhead_in_positions()
-        if overhead is None or len(rows) < 2:
+        if len(rows) < 2:
             return [rows]
-        cached = self.large.cached
-        tails = [row.length + row.drafts - int(cached[row.slot]) for row in rows]  # tokens to feed
+        overhead = self.large.call_cost.overhead_in_positions()
+        if overhead is None:
+            return [rows]
+        lengths = self.large.lengths
+        tails = [row.length + row.drafts - lengths[row.slot] for row in rows]  # tokens to feed
         order = sorted(range(len(rows)), key=tails.__getitem__)
         ranked = [tails[i] for i in order]
         # cost[j]: the cheapest way to verify the j shortest rows; a group (i, j] is padded to ranked[j-1].
         cost, cut = [0.0] + [float("inf")] * len(rows), [0] * (len(rows) + 1)
         for j in range(1, len(rows) + 1):
             for i in range(j):
-                fed = ranked[j - 1] > 0  # a group fed nothing (kept logits suffice) makes no call
-                candidate = cost[i] + (overhead + (j - i) * ranked[j - 1] if fed else 0.0)
+                candidate = cost[i] + overhead + (j - i) * ranked[j - 1]
                 if candidate < cost[j]:
                     cost[j], cut[j] = candidate, i
         groups, j = [], len(rows)
@@ -264,19 +280,22 @@ class BatchDecoder:
         return groups[::-1]
 
     def _verify_group(self, rows: list[_Row]) -> list[_Row]:
-        """One large-model pass over the pending drafts of these waiting rows (see loop.verify)."""
+        """One large-model pass over the pending drafts of these rows (DESIGN.md §1, step 2)."""
         config = self.config
-        slots = torch.tensor([row.slot for row in rows])
-        num_drafts = torch.tensor([row.drafts for row in rows])
-        upto = torch.tensor([row.length + row.drafts for row in rows])
-        logits = self.large.predict(slots, self.sequence, upto, num_drafts + 1)  # [R, K+1, V]
-        width = int(num_drafts.max())
-        positions = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
-        drafts = self.sequence[slots[:, None], positions.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
-        drafts = torch.where(torch.arange(width)[None, :] < num_drafts[:, None], drafts, torch.zeros_like(drafts))
-        verdict = self._judge(rows, drafts, num_drafts, logits)
+        counts = [row.drafts for row in rows]
+        logits = self.large.forward(self._feed(self.large, rows, [count + 1 for count in counts]))  # [R, K+1, V]
+        width = max(counts)
+        if len(rows) == 1:
+            row = rows[0]
+            drafts = self.sequence[row.slot : row.slot + 1, row.length : row.length + width]  # [1, K]
+        else:
+            columns = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
+            slots = torch.tensor([row.slot for row in rows])
+            drafts = self.sequence[slots[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
+            drafts = torch.where(torch.arange(width)[None, :] < torch.tensor(counts)[:, None], drafts, 0)
+        verdict = self._judge(rows, drafts, torch.tensor(counts), logits)
 
-        finished, kept = [], []
+        finished = []
         accepted, rejected, next_token = verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist()
         for i, row in enumerate(rows):
             stats = row.stats
@@ -285,8 +304,10 @@ class BatchDecoder:
             stats.small_tokens += accepted[i]
             stats.rollbacks += int(rejected[i])
             row.length += accepted[i]  # kept drafts are already in the buffer
-            kept.append(row.length)
-            done = accepted[i] == row.drafts and row.ended_on_eos
+            # Both models may have read drafts past the kept prefix: drop those cache entries.
+            self.small.rewind(row.slot, row.length)
+            self.large.rewind(row.slot, row.length)
+            done = accepted[i] == row.drafts and row.ended_on_eos  # a kept EOS ends the sequence
             if not done and row.produced() < config.max_new_tokens:
                 self.sequence[row.slot, row.length] = next_token[i]
                 row.length += 1
@@ -296,9 +317,6 @@ class BatchDecoder:
             row.drafts, row.draft_probs, row.waiting, row.ended_on_eos = 0, [], False, False
             if done:
                 finished.append(row)
-        # Both models may have read drafts past each row's kept prefix: drop those cache entries.
-        self.small.rewind(slots, torch.tensor(kept))
-        self.large.rewind(slots, torch.tensor(kept))
         return finished
 
     def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
@@ -334,26 +352,20 @@ class BatchDecoder:
         return choose(probs, True, RowSampler([row.sampler.generators[0] for row in rows]))
 
 
-def batch_decoder(pair, config: DecodingConfig, policy: BatchPolicy) -> BatchDecoder:
-    """A BatchDecoder over ``pair`` (a ModelPair) loading only the models ``config.method`` uses."""
-
-    def prefix_for(input_ids: torch.Tensor) -> torch.Tensor:
-        if pair.is_encoder_decoder:
-            return torch.tensor([pair.decoder_start_token_id], dtype=torch.long)
-        return input_ids
-
-    return BatchDecoder(
-        pair.small if config.method != "large" else None,
-        pair.large if config.method != "small" else None,
+def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Scheduler:
+    """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses."""
+    return Scheduler(
+        pair.engine("small", policy.batch_size) if config.method != "large" else None,
+        pair.engine("large", policy.batch_size) if config.method != "small" else None,
         config,
         policy,
         pair.eos_token_ids,
-        prefix_for,
+        pair.decoder_prefix,
         device=pair.device,
         shares_encoder=pair.shares_encoder,
     )
 
 
-def decode_batch(pair, config: DecodingConfig, policy: BatchPolicy, requests: Sequence[BatchRequest]) -> list[BatchOutput]:
+def decode_batch(pair, config: DecodingConfig, policy: BatchPolicy, requests: Sequence[BatchRequest]) -> list[DecodeOutput]:
     """Decode ``requests`` with ``pair`` (a ModelPair), ``policy.batch_size`` rows at a time."""
-    return batch_decoder(pair, config, policy).run(requests)
+    return scheduler_for(pair, config, policy).run(requests)

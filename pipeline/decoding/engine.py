@@ -1,0 +1,206 @@
+"""The seam between the scheduler and a model: one decoder over a pool of row slots.
+
+In the spirit of gpt-fast's ``setup_caches`` + ``forward(idx, input_pos)``, an engine owns one
+model's key/value cache for ``slots`` rows and offers four verbs:
+
+- ``admit(slots, input_ids)``: new rows take these slots; an encoder-decoder model runs its
+  encoder once for them (a decoder-only prompt is simply the row's first tokens to feed);
+- ``forward(feed)``: each row's new tokens are written into its cache at its positions, and the
+  logits of only the positions the scheduler reads come back;
+- ``rewind(slot, length)``: forget everything past ``length`` (a rollback: a length change,
+  nothing is copied or recomputed);
+- ``release(slot)``: the row left; the slot is free for the next one.
+
+``HFEngine`` (hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
+engines (t5_engine.py, one file per model family) run their own forward pass over a preallocated
+cache. ``engine_kind`` decides which one a model gets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.decoding.config import ENGINES
+
+log = logging.getLogger("pipeline.decoding")
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One forward pass over some rows: what each feeds and which predictions it reads.
+
+    Row r feeds ``tokens[r, :counts[r]]`` at positions ``positions[r] ...`` (its slot's cached
+    length: nothing is skipped, nothing read twice) and wants the logits of its last ``reads[r]``
+    fed tokens (1 for a drafting step, k + 1 for the verification of k drafts). Columns past
+    ``counts[r]`` are padding; their keys and values land past the row's length, where nothing
+    reads them before they are overwritten.
+    """
+
+    slots: list[int]  # [R]
+    tokens: torch.Tensor  # [R, W] long, on the CPU
+    positions: list[int]  # [R]
+    counts: list[int]  # [R], 1 <= counts[r] <= W
+    reads: list[int]  # [R], 1 <= reads[r] <= counts[r]
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+
+class CallCost:
+    """A running least-squares fit of one model's forward time: seconds = a + b * positions.
+
+    ``a / b`` is what one more call costs, in positions: the scheduler weighs it against the
+    padding that splitting a pass would save. On a GPU ``b`` is tiny and calls are rarely split;
+    on a CPU, where time grows with every position, padding matters.
+    """
+
+    def __init__(self, min_calls: int = 16):
+        self.min_calls = min_calls
+        self.n = 0
+        self.sums = [0.0] * 4  # over calls, x = positions and y = seconds: sum x, y, xx, xy
+
+    def add(self, positions: int, seconds: float) -> None:
+        self.n += 1
+        x, y = float(positions), seconds
+        for i, value in enumerate((x, y, x * x, x * y)):
+            self.sums[i] += value
+
+    def overhead_in_positions(self) -> float | None:
+        """a / b, or None until enough calls of different sizes were timed (or the fit is absurd)."""
+        if self.n < self.min_calls:
+            return None
+        sx, sy, sxx, sxy = self.sums
+        spread = self.n * sxx - sx * sx
+        if spread <= 0:
+            return None
+        slope = (self.n * sxy - sx * sy) / spread
+        intercept = (sy - slope * sx) / self.n
+        if slope <= 0 or intercept <= 0:
+            return None
+        return intercept / slope
+
+
+class Engine(ABC):
+    """One model's decoder over ``slots`` rows, each with its own cached length.
+
+    Subclasses implement ``_admit`` and ``_forward``; the bookkeeping every engine shares
+    (lengths, counters, the cost fit) lives here.
+    """
+
+    kind = "abstract"  # "native" or "hf": what the run manifest records
+
+    def __init__(self, slots: int, device: torch.device | str = "cpu"):
+        self.slots = slots
+        self.device = torch.device(device)
+        self.lengths = [0] * slots  # positions cached per slot
+        self.calls = 0
+        self.tokens_fed = 0  # real tokens fed, padding excluded ...
+        self.positions_computed = 0  # ... and included
+        self.forward_seconds = 0.0
+        self.admit_seconds = 0.0  # encoder passes and cross-attention projections
+        self.call_cost = CallCost()
+
+    # --- the four verbs ---------------------------------------------------------------------------
+
+    def admit(self, slots: Sequence[int], input_ids: Sequence[torch.Tensor], encoded: torch.Tensor | None = None):
+        """New rows take ``slots``. Encoder-decoder engines run the encoder on ``input_ids`` (one [S]
+        tensor per row) once, batched, and return its states; ``encoded`` passes the states of an
+        identical encoder instead (a small model that shares the large model's encoder)."""
+        for slot in slots:
+            self.lengths[slot] = 0
+        started = time.perf_counter()
+        encoded = self._admit(list(slots), list(input_ids), encoded)
+        self.admit_seconds += time.perf_counter() - started
+        return encoded
+
+    def forward(self, feed: Feed) -> torch.Tensor:
+        """Logits [R, max(reads), V]; row r's fill [r, :reads[r]]. Writes the fed keys/values in place."""
+        for slot, position, count, read in zip(feed.slots, feed.positions, feed.counts, feed.reads):
+            if position != self.lengths[slot]:
+                raise ValueError(f"slot {slot}: feeding at position {position}, but {self.lengths[slot]} are cached")
+            if not 1 <= read <= count <= feed.width:
+                raise ValueError(f"slot {slot}: feeds {count} tokens of {feed.width} and reads {read} of them")
+        started = time.perf_counter()
+        logits = self._forward(feed)
+        elapsed = time.perf_counter() - started
+        computed = len(feed.slots) * feed.width
+        self.calls += 1
+        self.tokens_fed += sum(feed.counts)
+        self.positions_computed += computed
+        self.forward_seconds += elapsed
+        self.call_cost.add(computed, elapsed)
+        for slot, position, count in zip(feed.slots, feed.positions, feed.counts):
+            self.lengths[slot] = position + count
+        return logits
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` cached positions of ``slot`` (a no-op where fewer)."""
+        if length < self.lengths[slot]:
+            self.lengths[slot] = length
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+    # --- what each engine implements ------------------------------------------------------------
+
+    @abstractmethod
+    def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None): ...
+
+    @abstractmethod
+    def _forward(self, feed: Feed) -> torch.Tensor: ...
+
+
+def read_positions(hidden: torch.Tensor, feed: Feed) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of ``hidden`` [R * W, d] whose logits are read, and where they go.
+
+    Returns (selected [N, d], index) where the caller scatters the N logits into [R, max(reads), V]
+    at ``index`` (flat positions); index is None when every row reads the same number of its last
+    positions and needs no scatter (the common drafting and single-row cases).
+    """
+    rows, width = len(feed.slots), feed.width
+    first = min(feed.reads)
+    if first == max(feed.reads) and all(count == width for count in feed.counts):
+        return hidden.view(rows, width, -1)[:, width - first :].reshape(rows * first, -1), None
+    most = max(feed.reads)
+    source, target = [], []
+    for r, (count, read) in enumerate(zip(feed.counts, feed.reads)):
+        source.extend(range(r * width + count - read, r * width + count))
+        target.extend(range(r * most, r * most + read))
+    device = hidden.device
+    return hidden[torch.tensor(source, device=device)], torch.tensor(target, device=device)
+
+
+def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -> torch.Tensor:
+    """[N, V] logits of the read positions -> [R, max(reads), V] (zeros where a row reads fewer)."""
+    rows, most = len(feed.slots), max(feed.reads)
+    if index is None:
+        return logits.view(rows, most, -1)
+    out = logits.new_zeros((rows * most, logits.shape[-1]))
+    out[index] = logits
+    return out.view(rows, most, -1)
+
+
+def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
+    """The engine a pair runs on: "native" where every model of it has one, else "hf".
+
+    ``reasons`` maps a role ("small", "large") to why the native engine cannot run that model, or
+    None. A fallback from ``auto`` or ``native`` is logged once; the output is never wrong, only
+    slower.
+    """
+    if requested not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {requested!r}")
+    if requested == "hf":
+        return "hf"
+    missing = {role: reason for role, reason in reasons.items() if reason}
+    if not missing:
+        return "native"
+    why = "; ".join(f"{role}: {reason}" for role, reason in missing.items())
+    log.warning("engine %s: running on the Hugging Face engine (%s)", requested, why)
+    return "hf"

@@ -1,0 +1,198 @@
+"""The native T5 engine against Hugging Face's T5: the same logits and the same tokens.
+
+Random tiny T5 models of several shapes (T5 v1.0 with a tied head and ReLU, T5 v1.1 / Flan-T5 with
+an untied head and gated GELU, mT5, num_heads * d_kv != d_model, one and three decoder layers) and
+the shipped demo pair. Logits are compared position by position with Hugging Face's own forward
+pass; tokens and statistics with the Hugging Face engine for every method and batch size.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+from conftest import TEXTS
+from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
+from pipeline.decoding.engine import Feed
+from pipeline.decoding.t5_engine import T5Engine, T5Weights, unsupported_reason
+from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, byte_tokenizer, noisy_copy
+
+SHAPES = {
+    "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
+    "t5-v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3),
+    "mt5": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3, mt5=True),
+    "narrow-heads": dict(d_model=48, num_heads=3, d_kv=20, num_decoder_layers=3),  # 3 * 20 != 48
+    "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
+}
+INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
+MAX_NEW = 24
+
+
+def build_t5(shape: str, seed: int = 0, dtype=torch.float32):
+    settings = dict(SHAPES[shape])
+    model_class = MT5ForConditionalGeneration if settings.pop("mt5", False) else T5ForConditionalGeneration
+    config = T5Config(vocab_size=VOCAB_SIZE, d_model=settings.pop("d_model", 64), d_ff=128, num_layers=2,
+                      num_heads=settings.pop("num_heads", 4), d_kv=settings.pop("d_kv", 16), dropout_rate=0.0,
+                      decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=EOS, **settings)
+    if model_class is MT5ForConditionalGeneration:
+        config.model_type = "mt5"
+    torch.manual_seed(seed)
+    model = model_class(config)
+    _scale_weights(model, 4.0, logit_std=4.0)
+    model.generation_config.eos_token_id = EOS
+    return model.to(dtype).eval()
+
+
+def pair_of(shape: str, engine: str, dtype=torch.float32) -> ModelPair:
+    large = build_t5(shape, dtype=dtype)
+    return ModelPair(noisy_copy(large, 0.1, seed=1), large, byte_tokenizer(append_eos=True), torch.device("cpu"),
+                     engine_request=engine)
+
+
+def encode(text: str) -> torch.Tensor:
+    return torch.tensor(byte_tokenizer(append_eos=True)(text)["input_ids"])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_native_engine_runs_every_shape(shape):
+    model = build_t5(shape)
+    assert unsupported_reason(model) is None
+    assert ModelPair(model, model, byte_tokenizer(True), torch.device("cpu")).engine_kind == "native"
+
+
+def hf_logits(model, sources: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+    """Hugging Face's full forward pass, no cache: sources right-padded with a mask, decoder rows
+    right-padded (causal, so padding after a row changes nothing before it). -> [R, T, V]"""
+    source = torch.zeros((len(sources), max(map(len, sources))), dtype=torch.long)
+    decoder = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
+    for r, (ids, row) in enumerate(zip(sources, rows)):
+        source[r, : len(ids)], decoder[r, : len(row)] = ids, torch.tensor(row)
+    with torch.inference_mode():
+        return model(input_ids=source, attention_mask=(source != PAD).long(), decoder_input_ids=decoder).logits
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_logits_match_hugging_face_within_1e_4(shape):
+    """Every read position's logits equal those of Hugging Face's full forward pass over the same
+    tokens: rows of different source lengths, positions and counts in one pass (against Hugging
+    Face's batch of the same rows), and one row fed in three calls through its cache."""
+    model = build_t5(shape)
+    engine = T5Engine(T5Weights(model), slots=4)
+    sources = [encode(text) for text in INPUTS[:3]]
+    rows = [[PAD] + list(range(10, 10 + n)) for n in (6, 2, 9)]  # the start token and some tokens
+    engine.admit([2, 0, 3], sources)
+    counts = [4, 2, 7]  # row r feeds its first counts[r] tokens and reads all of them
+    tokens = torch.zeros((3, max(counts)), dtype=torch.long)
+    for r, row in enumerate(rows):
+        tokens[r, : counts[r]] = torch.tensor(row[: counts[r]])
+    logits = engine.forward(Feed([2, 0, 3], tokens, [0, 0, 0], counts, counts))
+    want = hf_logits(model, sources, rows)
+    for r, count in enumerate(counts):
+        torch.testing.assert_close(logits[r, :count], want[r, :count], atol=1e-4, rtol=0)
+
+    source, row = sources[2], rows[2]
+    engine.admit([1], [source])
+    pieces = [(0, 1), (1, 5), (5, 10)]  # one token, four, five: reading 1, 2 and 5 of them
+    got = []
+    for (start, end), reads in zip(pieces, (1, 2, 5)):
+        got.append(engine.forward(Feed([1], torch.tensor([row[start:end]]), [start], [end - start], [reads]))[0])
+    want = hf_logits(model, [source], [row])[0]
+    for (start, end), reads, logits in zip(pieces, (1, 2, 5), got):
+        torch.testing.assert_close(logits, want[end - reads : end], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_tokens_and_statistics_equal_the_hugging_face_engines(shape):
+    native, hf = pair_of(shape, "native"), pair_of(shape, "hf")
+    assert (native.engine_kind, hf.engine_kind) == ("native", "hf")
+    compared = 0
+    for method in ("large", "small", "bild", "speculative"):
+        config = DecodingConfig(method=method, max_new_tokens=MAX_NEW, fallback_threshold=0.5, rollback_threshold=2.0,
+                                max_draft_tokens=4)
+        for batch in (None, BatchPolicy(3), BatchPolicy(8, verify_share=0.5)):
+            want = Generator(hf, config).generate(INPUTS, batch=batch)
+            got = Generator(native, config).generate(INPUTS, batch=batch)
+            assert [r.token_ids for r in got] == [r.token_ids for r in want], (method, batch)
+            assert [r.stats for r in got] == [r.stats for r in want], (method, batch)
+            compared += len(got)
+    assert compared == 4 * 3 * len(INPUTS)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", ["t5-v1.0", "t5-v1.1", "narrow-heads"])
+def test_half_precision_is_as_close_to_float32_as_hugging_faces(dtype, shape):
+    """bfloat16/float16 (on the CPU here; on a GPU in the GPU check): the same computation in a
+    coarser type. Its logits may be no further from the float32 model's than Hugging Face's own
+    run in that dtype (random tiny models are sensitive: both err by up to a third of the scale)."""
+    reference, model = build_t5(shape), build_t5(shape, dtype=dtype)
+    engine = T5Engine(T5Weights(model), slots=1)
+    source, row = encode(INPUTS[0]), [PAD, 10, 11, 12, 13]
+    engine.admit([0], [source])
+    got = engine.forward(Feed([0], torch.tensor([row]), [0], [len(row)], [len(row)]))[0]
+    assert got.dtype == dtype
+    exact = hf_logits(reference, [source], [row])[0]
+    theirs = hf_logits(model, [source], [row])[0].float()
+    ours_error = float((got.float() - exact).abs().max())
+    their_error = float((theirs - exact).abs().max())
+    assert ours_error <= 2 * their_error + 0.01 * float(exact.abs().max()), (ours_error, their_error)
+
+
+def test_a_rollback_is_only_a_shorter_length():
+    """rewind changes no cached tensor; the next forward overwrites from the kept length on."""
+    model = build_t5("t5-v1.0")
+    engine = T5Engine(T5Weights(model), slots=1)
+    engine.admit([0], [encode(INPUTS[0])])
+    engine.forward(Feed([0], torch.tensor([[PAD, 20, 21, 22]]), [0], [4], [1]))
+    before = engine.qkv.clone()
+    engine.rewind(0, 2)
+    assert engine.lengths[0] == 2 and torch.equal(engine.qkv, before)
+    with pytest.raises(ValueError, match="position"):
+        engine.forward(Feed([0], torch.tensor([[30]]), [4], [1], [1]))  # past the kept length: refused
+    after = engine.forward(Feed([0], torch.tensor([[30]]), [2], [1], [1]))[0, 0]
+    with torch.inference_mode():
+        want = model(input_ids=encode(INPUTS[0])[None], decoder_input_ids=torch.tensor([[PAD, 20, 30]])).logits[0, -1]
+    torch.testing.assert_close(after, want, atol=1e-4, rtol=0)
+
+
+def test_models_without_a_native_engine_fall_back_to_hugging_face(caplog, make_pair):
+    bart = make_pair("bart")
+    assert bart.engine_kind == "hf"
+    with caplog.at_level("WARNING", logger="pipeline.decoding"):
+        pair = ModelPair(bart.small, bart.large, bart.tokenizer, bart.device, engine_request="native")
+    assert pair.engine_kind == "hf"
+    assert "Hugging Face engine" in caplog.text and "Bart" in caplog.text
+    with pytest.raises(ValueError, match="engine"):
+        ModelPair(bart.small, bart.large, bart.tokenizer, bart.device, engine_request="fast")
+
+
+@pytest.mark.slow
+def test_the_demo_pair_decodes_the_same_on_both_engines(demo_pair_paths):
+    small, large = demo_pair_paths
+    pairs = {engine: ModelPair.from_pretrained(small, large, device="cpu", engine=engine) for engine in ("native", "hf")}
+    assert pairs["native"].engine_kind == "native" and pairs["native"].shares_encoder
+    texts = demo_sentences(12)
+    for method in ("large", "small", "bild", "speculative"):
+        config = DecodingConfig(method=method, max_new_tokens=64, fallback_threshold=0.4, rollback_threshold=1.0)
+        for batch in (None, BatchPolicy(8)):
+            want = Generator(pairs["hf"], config).generate(texts, batch=batch)
+            got = Generator(pairs["native"], config).generate(texts, batch=batch)
+            assert [r.token_ids for r in got] == [r.token_ids for r in want], (method, batch)
+            assert [r.stats for r in got] == [r.stats for r in want], (method, batch)
+
+
+def demo_sentences(count: int) -> list[str]:
+    import pyarrow.parquet as pq
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "multi30k_sample"
+    table = pq.read_table(folder / "test_2016_flickr.parquet")
+    return table.column("de").to_pylist()[:count]
+
+
+@pytest.fixture(scope="module")
+def demo_pair_paths():
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "models" / "demo-de-en"
+    return str(models / "small-aligned"), str(models / "large")
