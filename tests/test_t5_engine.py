@@ -72,31 +72,38 @@ def hf_logits(model, sources: list[torch.Tensor], rows: list[list[int]]) -> torc
         return model(input_ids=source, attention_mask=(source != PAD).long(), decoder_input_ids=decoder).logits
 
 
+# Where three rows sit among 8 slots: in slot order, out of order, with a gap (read in place over
+# the span), and scattered (gathered).
+LAYOUTS = {"in-order": [0, 1, 2], "out-of-order": [2, 0, 1], "gap": [2, 0, 3], "scattered": [0, 7, 3]}
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_logits_match_hugging_face_within_1e_4(shape):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_logits_match_hugging_face_within_1e_4(shape, layout):
     """Every read position's logits equal those of Hugging Face's full forward pass over the same
     tokens: rows of different source lengths, positions and counts in one pass (against Hugging
     Face's batch of the same rows), and one row fed in three calls through its cache."""
     model = build_t5(shape)
-    engine = T5Engine(T5Weights(model), slots=4)
+    engine = T5Engine(T5Weights(model), slots=8)
+    slots = LAYOUTS[layout]
     sources = [encode(text) for text in INPUTS[:3]]
     rows = [[PAD] + list(range(10, 10 + n)) for n in (6, 2, 9)]  # the start token and some tokens
-    engine.admit([2, 0, 3], sources)
+    engine.admit(slots, sources)
     counts = [4, 2, 7]  # row r feeds its first counts[r] tokens and reads all of them
     tokens = torch.zeros((3, max(counts)), dtype=torch.long)
     for r, row in enumerate(rows):
         tokens[r, : counts[r]] = torch.tensor(row[: counts[r]])
-    logits = engine.forward(Feed([2, 0, 3], tokens, [0, 0, 0], counts, counts))
+    logits = engine.forward(Feed(slots, tokens, [0, 0, 0], counts, counts))
     want = hf_logits(model, sources, rows)
     for r, count in enumerate(counts):
         torch.testing.assert_close(logits[r, :count], want[r, :count], atol=1e-4, rtol=0)
 
     source, row = sources[2], rows[2]
-    engine.admit([1], [source])
+    engine.admit([5], [source])
     pieces = [(0, 1), (1, 5), (5, 10)]  # one token, four, five: reading 1, 2 and 5 of them
     got = []
     for (start, end), reads in zip(pieces, (1, 2, 5)):
-        got.append(engine.forward(Feed([1], torch.tensor([row[start:end]]), [start], [end - start], [reads]))[0])
+        got.append(engine.forward(Feed([5], torch.tensor([row[start:end]]), [start], [end - start], [reads]))[0])
     want = hf_logits(model, [source], [row])[0]
     for (start, end), reads, logits in zip(pieces, (1, 2, 5), got):
         torch.testing.assert_close(logits, want[end - reads : end], atol=1e-4, rtol=0)

@@ -138,6 +138,7 @@ class Scheduler:
             if joining:
                 self._admit(joining, requests)
                 active.extend(joining)
+                active.sort(key=lambda row: row.slot)  # rows in slot order: engines read consecutive slots in place
             for row in step(active):  # rows that finished this round
                 row.stats.output_tokens = row.produced()
                 outputs[row.request] = DecodeOutput(

@@ -278,56 +278,92 @@ class T5Engine(Engine):
         )
 
     def _many_rows(self, feed: Feed, keys: int) -> "_Attention":
-        w, width = self.weights, feed.width
-        slots = torch.tensor(feed.slots, device=self.device)
-        positions = torch.tensor(feed.positions, device=self.device)[:, None] + torch.arange(width, device=self.device)
-        bias = self.table[:, positions.reshape(-1), :keys].view(w.heads, len(feed.slots), width, keys).transpose(0, 1)
-        lengths = [self.source_lengths[slot] for slot in feed.slots]
-        if self._cross_rows is None or self._cross_rows[0] != feed.slots:
-            self._cross_rows = (feed.slots, self.cross[:, :, slots, :, : max(lengths)])
+        """Several rows: read in place over the span of slots they occupy when it is not much wider
+        than they are (the scheduler keeps rows in slot order), else gathered by slot."""
+        w, width, count = self.weights, feed.width, len(feed.slots)
+        device = self.device
+        slots = torch.tensor(feed.slots, device=device)
+        positions = torch.tensor(feed.positions, device=device)[:, None] + torch.arange(width, device=device)
+        first, last = min(feed.slots), max(feed.slots)
+        place = None
+        if last - first + 1 <= 2 * count:  # in place: slots between the rows run along, their outputs unread
+            rows = slice(first, last + 1)
+            read = list(range(first, last + 1))
+            if feed.slots != read:  # idle slots between the rows, or rows out of slot order
+                place = slots - first  # [R] where each fed row sits in the span
+                spread = torch.arange(width, device=device).repeat(len(read), 1)  # idle slots: any valid positions
+                spread[place] = positions
+                positions_read = spread
+            else:
+                positions_read = positions
+            cross_rows = self.cross[:, :, rows]
+        else:  # scattered slots: their keys and values are gathered (the cross-attention ones once per row set)
+            rows, read, positions_read = slots, feed.slots, positions
+            if self._cross_rows is None or self._cross_rows[0] != feed.slots:
+                self._cross_rows = (feed.slots, self.cross[:, :, slots])
+            cross_rows = self._cross_rows[1]
+        bias = self.table[:, positions_read.reshape(-1), :keys].view(w.heads, len(read), width, keys).transpose(0, 1)
+        lengths = [max(1, self.source_lengths[slot]) for slot in read]
         cross_mask = None
         if min(lengths) < max(lengths):
-            beyond = torch.arange(max(lengths), device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
-            cross_mask = torch.zeros(beyond.shape, dtype=w.dtype, device=self.device).masked_fill(beyond, float("-inf"))
-            cross_mask = cross_mask[:, None, None, :]  # [R, 1, 1, S]
-        return _Attention(engine=self, rows=slots, written=(slots[:, None], positions), keys=keys,
-                          self_bias=bias, cross_rows=self._cross_rows[1], cross_mask=cross_mask)
+            beyond = torch.arange(max(lengths), device=device)[None, :] >= torch.tensor(lengths, device=device)[:, None]
+            cross_mask = torch.zeros(beyond.shape, dtype=w.dtype, device=device).masked_fill(beyond, float("-inf"))
+            cross_mask = cross_mask[:, None, None, :]  # [A, 1, 1, S]
+        return _Attention(engine=self, rows=rows, written=(slots[:, None], positions), keys=keys, self_bias=bias,
+                          cross_rows=cross_rows[:, :, :, :, : max(lengths)], cross_mask=cross_mask, place=place)
 
 
 @dataclass
 class _Attention:
-    """Where one forward pass's rows live in the engine's cache, worked out once for all layers."""
+    """Where one forward pass's rows live in the engine's cache, worked out once for all layers.
+
+    Attention runs over A rows of the cache: the R fed rows, or (``place``) the span of slots they
+    occupy, idle slots included; ``place`` says where each fed row sits in that span.
+    """
 
     engine: T5Engine
-    rows: slice | torch.Tensor  # the slots: a slice (one row, views) or an index (several rows)
-    written: tuple  # where the fed positions' q, k, v go: (slot, positions) index into [slots, C]
+    rows: slice | torch.Tensor  # the slots read: a slice (views) or an index (a gather)
+    written: tuple  # where the fed positions' q, k, v go in [slots, C]: (slot, slice) for one row, else indices
     keys: int  # key positions 0 .. keys - 1
-    self_bias: torch.Tensor  # [R, H, W, keys]
-    cross_rows: torch.Tensor  # [layers, 2, R, H, S, dk]
-    cross_mask: torch.Tensor | None  # [R, 1, 1, S] where rows' sources differ in length
+    self_bias: torch.Tensor  # [A, H, W, keys]
+    cross_rows: torch.Tensor  # [layers, 2, A, H, S, dk]
+    cross_mask: torch.Tensor | None  # [A, 1, 1, S] where rows' sources differ in length
+    place: torch.Tensor | None = None  # [R] each fed row's index among the A rows, when A > R
+
+    def _spread(self, query: torch.Tensor) -> torch.Tensor:
+        """[R, ...] -> [A, ...]: the fed rows' queries among the attended rows (zeros elsewhere)."""
+        if self.place is None:
+            return query
+        spread = query.new_zeros((self.self_bias.shape[0], *query.shape[1:]))
+        spread[self.place] = query
+        return spread
+
+    def _fed(self, attended: torch.Tensor) -> torch.Tensor:
+        """[A, ...] -> [R, ...]: the fed rows' results."""
+        return attended if self.place is None else attended[self.place]
 
     def self_attention(self, layer: int, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Causal self-attention of the fed positions: hidden [N, d] @ weight [d, 3 * inner] gives their
         q, k, v, which go into the cache (straight from the matmul for one row) -> [N, inner]."""
         cache = self.engine.qkv[layer]  # [slots, C, 3, H, dk]
-        rows, width = self.self_bias.shape[0], self.self_bias.shape[2]
-        if isinstance(self.rows, slice):  # one row: views of its slot, no copy
+        rows, width = len(hidden) // self.self_bias.shape[2], self.self_bias.shape[2]
+        if isinstance(self.written[1], slice):  # one row: its positions are one block of its slot
             torch.mm(hidden, weight, out=cache[self.written].view(width, -1))
-            seen = cache[self.rows, : self.keys]  # [1, keys, 3, H, dk]
-            query = seen[:, self.keys - width :, 0]
+            query = cache[self.rows, self.keys - width : self.keys, 0]  # [1, W, H, dk]
         else:
             qkv = (hidden @ weight).view(rows, width, *cache.shape[2:])
             cache[self.written] = qkv
-            seen = cache[self.rows, : self.keys]  # [R, keys, 3, H, dk], gathered
-            query = qkv[:, :, 0]
+            query = qkv[:, :, 0]  # [R, W, H, dk]
+        seen = cache[self.rows, : self.keys, 1:]  # [A, keys, 2, H, dk]: a view, or a gather of k and v
         attended = F.scaled_dot_product_attention(
-            query.transpose(1, 2), seen[:, :, 1].transpose(1, 2), seen[:, :, 2].transpose(1, 2),
+            self._spread(query).transpose(1, 2), seen[:, :, 0].transpose(1, 2), seen[:, :, 1].transpose(1, 2),
             attn_mask=self.self_bias, scale=1.0)  # T5 does not scale q.k
-        return attended.transpose(1, 2).reshape(rows * width, -1)
+        return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)
 
     def cross_attention(self, layer: int, query: torch.Tensor) -> torch.Tensor:
         """Attention over the rows' encoder outputs; query [R, H, W, dk] -> [N, inner]."""
         rows, _, width, _ = query.shape
         keys, values = self.cross_rows[layer]
-        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=self.cross_mask, scale=1.0)
-        return attended.transpose(1, 2).reshape(rows * width, -1)
+        attended = F.scaled_dot_product_attention(self._spread(query), keys, values, attn_mask=self.cross_mask,
+                                                  scale=1.0)
+        return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)
