@@ -1,6 +1,8 @@
 """The Hugging Face engine: any transformers model behind the engine seam (the reference in tests).
 
-Every row owns a *slot* in a pool of key/value tensors: slot s holds its row's first
+With one slot (batch size 1) the model keeps its own cache as it grows it, cut back to a row's
+length before each pass: nothing is copied beyond what the model itself does. With several slots,
+every row owns a *slot* in a pool of key/value tensors: slot s holds its row's first
 ``lengths[s]`` positions, left-aligned. A forward pass over one row hands the model views of its
 slot; over several rows it gathers their caches into one right-aligned (left-padded) Hugging Face
 cache, feeds each row's tokens (right-padded), and writes the new keys and values back. So a
@@ -18,6 +20,7 @@ import contextlib
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
@@ -25,6 +28,18 @@ from pipeline.decoding.engine import Engine, Feed, place_logits
 
 class UnsupportedModelError(ValueError):
     """The model cannot be decoded in a batch with per-row lengths (use batch_size 1)."""
+
+
+def _holding(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A DynamicCache over these (keys, values) [B, H, T, D] as they are: ``DynamicCache(data)`` would
+    copy each into a fresh tensor first; the model's own update then concatenates once, as always."""
+    cache = DynamicCache()
+    for keys, values in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
 
 
 class _SlotPool:
@@ -85,8 +100,43 @@ class _SlotPool:
         return [tuple(t[slots[:, None], :, index].transpose(1, 2) for t in pool) for pool in self.layers]
 
 
+class _OneRow:
+    """The cache of an engine with a single slot: Hugging Face's own, as the model grows it."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.is_encoder_decoder = bool(model.config.is_encoder_decoder)
+        self.cache = None
+        self.encoder = None  # (BaseModelOutput, attention mask) of the admitted row
+
+    def admit(self, input_ids: torch.Tensor, encoded: torch.Tensor | None) -> torch.Tensor | None:
+        if not self.is_encoder_decoder:
+            self.cache = DynamicCache()
+            return None
+        device = self.model.device
+        mask = torch.ones((1, len(input_ids)), dtype=torch.long, device=device)
+        if encoded is None:
+            encoded = self.model.get_encoder()(input_ids=input_ids[None].to(device), attention_mask=mask).last_hidden_state
+        self.encoder = (BaseModelOutput(last_hidden_state=encoded), mask)
+        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        return encoded
+
+    def forward(self, tokens: torch.Tensor, position: int, reads: int) -> torch.Tensor:
+        """Logits [1, reads, V]; the cache is cut back to ``position`` first (a rollback since the last pass)."""
+        if self.cache.get_seq_length() > position:
+            self.cache.crop(position - self.cache.get_seq_length())  # a negative count: positions to drop
+        tokens = tokens.to(self.model.device)
+        if self.is_encoder_decoder:
+            states, mask = self.encoder
+            out = self.model(encoder_outputs=states, attention_mask=mask, decoder_input_ids=tokens, cache=self.cache,
+                             use_cache=True)
+        else:
+            out = self.model(input_ids=tokens, cache=self.cache, use_cache=True)
+        return out.logits[:, -reads:]
+
+
 class HFEngine(Engine):
-    """A Hugging Face model's decoder over a pool of row slots."""
+    """A Hugging Face model's decoder over a pool of row slots (or, with one slot, its own cache)."""
 
     kind = "hf"
 
@@ -108,11 +158,14 @@ class HFEngine(Engine):
         # The cross-attention inputs of the last row set: reused while the same rows run again.
         self._cross_memo: tuple[tuple[int, ...], tuple] | None = None
         self._position_embedding = self._absolute_position_embedding()
+        self.one_row = _OneRow(model) if slots == 1 else None
 
     # --- rows joining -----------------------------------------------------------------------------
 
     @torch.inference_mode()
     def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None):
+        if self.one_row is not None:
+            return self.one_row.admit(input_ids[0], encoded)
         if not self.is_encoder_decoder:
             return None
         index = torch.tensor(slots, dtype=torch.long)
@@ -144,6 +197,8 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _forward(self, feed: Feed) -> torch.Tensor:
+        if self.one_row is not None:
+            return self.one_row.forward(feed.tokens, feed.positions[0], feed.reads[0])
         slots = torch.tensor(feed.slots)
         cached = torch.tensor(feed.positions)
         tail = torch.tensor(feed.counts)
@@ -154,7 +209,7 @@ class HFEngine(Engine):
         single = len(feed.slots) == 1
         device_slots = slots.to(self.device)
         if single:  # one row: its slot's views, no padding, the model numbers positions itself
-            self_cache = DynamicCache(self.self_pool.view(feed.slots[0], past) if past else None)
+            self_cache = _holding(self.self_pool.view(feed.slots[0], past)) if past else DynamicCache()
             attention_mask = None
         else:
             # Past keys right-aligned: row r's cached positions land in the last cached[r] columns.
@@ -163,7 +218,7 @@ class HFEngine(Engine):
             index = (columns[None, :] - (past - cached)[:, None]).clamp(min=0)
             attention_mask = torch.cat([past_mask, torch.ones((len(slots), width), dtype=torch.bool)], dim=1)
             attention_mask = attention_mask.long().to(self.device)
-            self_cache = DynamicCache(self.self_pool.read(device_slots, index.to(self.device)) if past else None)
+            self_cache = _holding(self.self_pool.read(device_slots, index.to(self.device))) if past else DynamicCache()
 
         kwargs = dict(use_cache=True)
         # Rows that joined since their last call have no cross-attention keys yet: this call projects
@@ -217,7 +272,7 @@ class HFEngine(Engine):
         key = tuple(slots.tolist())
         if self._cross_memo is not None and self._cross_memo[0] == key:
             layers, encoder = self._cross_memo[1]
-            return DynamicCache(layers), encoder
+            return _holding(layers), encoder
         lengths = self.encoder_lengths[slots]
         width = int(lengths.max())
         device_slots = slots.to(self.device)
@@ -226,9 +281,12 @@ class HFEngine(Engine):
         encoder = {"states": states, "mask": mask}
         if projects_encoder:
             return DynamicCache(), encoder  # empty: the model fills it from `states`
-        layers = self.cross_pool.rows(device_slots, width)
+        if len(key) == 1:
+            layers = self.cross_pool.view(key[0], width)
+        else:
+            layers = self.cross_pool.rows(device_slots, width)
         self._cross_memo = (key, (layers, encoder))
-        return DynamicCache(layers), encoder
+        return _holding(layers), encoder
 
     def _keep_cross(self, slots: torch.Tensor, cross_cache: DynamicCache) -> None:
         layers = [(layer.keys, layer.values) for layer in cross_cache.layers]
