@@ -171,11 +171,13 @@ class T5Weights:
 
 
 def clamp_half(x: torch.Tensor) -> torch.Tensor:
-    """HF's T5 clamps float16 activations after every sub-layer (inf -> finite); so does this."""
+    """HF's T5 clamps float16 activations after every sub-layer (inf -> finite); so does this,
+    the same way (a tensor bound: no host sync on a GPU)."""
     if x.dtype != torch.float16:
         return x
-    limit = torch.finfo(torch.float16).max
-    return x.clamp(-limit + 1000, limit - 1000) if bool(torch.isinf(x).any()) else x.clamp(-limit, limit)
+    largest = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(x).any(), largest - 1000, largest).to(x.dtype)
+    return torch.clamp(x, min=-limit, max=limit)
 
 
 class T5Engine(Engine):
