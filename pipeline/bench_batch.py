@@ -139,7 +139,7 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         rows.append(row)
     return {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), "device": str(pair.device),
             "engine": pair.engine_kind,
-            "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "rows": rows}
+            "dtype": pair.dtype_name, "torch_threads": torch.get_num_threads(), "rows": rows}
 
 
 def render_markdown(report: dict) -> str:

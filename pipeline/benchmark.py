@@ -325,7 +325,7 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
             row["measured_over_predicted"] = measured / row["predicted_s"]
     report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), "device": str(pair.device),
               "engine": pair.engine_kind, "ct2": ct2["large"].description if ct2 else None,
-              "dtype": str(pair.large.dtype), "torch_threads": torch.get_num_threads(), "methods": rows,
+              "dtype": pair.dtype_name, "torch_threads": torch.get_num_threads(), "methods": rows,
               "cost_model": cost}
     if with_projection:
         lengths = [Generator(pair, bild).encode(t)[0].shape[1] for t in texts]

@@ -50,7 +50,7 @@ def test_bench_runs_in_bfloat16(engine):
     pair = tiny_pair("t5", "noisy", dtype="bfloat16", engine=engine)
     config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
     report = run_bench(pair, TEXTS[:2], TEXTS[:2], config, repeats=1, with_projection=False)
-    assert report["dtype"] == "torch.bfloat16" and report["engine"] == engine
+    assert report["dtype"] == "bfloat16" and report["engine"] == engine
     rows = {row["method"]: row for row in report["methods"]}
     assert set(rows) == set(OURS + HF)
     assert all(row["output_tokens"] > 0 for row in rows.values())
