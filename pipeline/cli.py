@@ -70,7 +70,7 @@ def _model_options(func):
         click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
         click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
         click.option("--dtype", default="float32", show_default=True,
-                     type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64", "int8"])),
+                     type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"])),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
         click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
         _ENGINE_OPTION,
@@ -450,13 +450,12 @@ def _ct2_models(pair, wanted: bool | None):
         raise click.UsageError("--ct2 needs the ctranslate2 package: pip install -e .[bench]")
     if not pair.is_encoder_decoder or pair.device.type != "cpu" or pair.large.dtype != torch.float32:
         if wanted:
-            raise click.UsageError("--ct2 compares encoder-decoder pairs in float32 or int8 on the CPU")
+            raise click.UsageError("--ct2 compares encoder-decoder pairs in float32 on the CPU")
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="bild-ct2-") as work:
-        try:  # the same arithmetic on both sides: CTranslate2's int8 where our weights are int8
-            models = bench_ct2.convert_pair(pair, work, threads=torch.get_num_threads(),
-                                            compute_type="int8" if pair.int8 else "float32")
+        try:
+            models = bench_ct2.convert_pair(pair, work, threads=torch.get_num_threads())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
         yield models

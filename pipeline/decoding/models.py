@@ -45,7 +45,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
             return torch.bfloat16
         return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be auto, int8 or one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
 
 
@@ -95,7 +95,6 @@ class ModelPair:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     engine_request: str = "auto"
-    int8: bool = False  # the native engines keep their matrices as int8 (CPU; int8.py)
     _engines: dict = field(default_factory=dict, init=False, repr=False)
     _native: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -111,15 +110,11 @@ class ModelPair:
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
         reasons = {"small": t5_engine.unsupported_reason(self.small), "large": t5_engine.unsupported_reason(self.large)}
         self.engine_kind = engine_kind(self.engine_request, reasons)
-        if self.int8 and self.engine_kind != "native":
-            raise IncompatiblePairError("dtype int8 needs the native engine (the T5 family) for both models")
-        if self.int8 and self.device.type != "cpu":
-            raise IncompatiblePairError("dtype int8 runs on the CPU only (fbgemm); use bfloat16 or float16 on a GPU")
 
     @property
     def dtype_name(self) -> str:
-        """What the reports say the weights are: "int8" or the models' torch dtype."""
-        return "int8" if self.int8 else str(self.large.dtype).removeprefix("torch.")
+        """What the reports say the weights are: the models' torch dtype, e.g. "float32"."""
+        return str(self.large.dtype).removeprefix("torch.")
 
     @classmethod
     def from_pretrained(
@@ -133,11 +128,9 @@ class ModelPair:
         trust_remote_code: bool = False,
         engine: str = "auto",
     ) -> "ModelPair":
-        """Load both models by hub id or local folder; the tokenizer defaults to the large model's.
-        ``dtype="int8"`` loads them in float32 and has the native engines keep int8 matrices."""
+        """Load both models by hub id or local folder; the tokenizer defaults to the large model's."""
         torch_device = resolve_device(device)
-        int8 = dtype == "int8"
-        torch_dtype = resolve_dtype("float32" if int8 else dtype, torch_device)
+        torch_dtype = resolve_dtype(dtype, torch_device)
         small_config = AutoConfig.from_pretrained(small, trust_remote_code=trust_remote_code)
         large_config = AutoConfig.from_pretrained(large, trust_remote_code=trust_remote_code)
         _check_configs(small_config, large_config)  # fail before loading any weights
@@ -151,7 +144,6 @@ class ModelPair:
             tokenizer=shared_tokenizer,
             device=torch_device,
             engine_request=engine,
-            int8=int8,
         )
 
     def engine(self, role: str, slots: int) -> Engine:
@@ -164,7 +156,7 @@ class ModelPair:
         key = (role, slots)
         if key not in self._engines:
             if self.engine_kind == "native" and role not in self._native:
-                self._native[role] = t5_engine.T5Weights.from_model(getattr(self, role), int8=self.int8)
+                self._native[role] = t5_engine.T5Weights.from_model(getattr(self, role))
             self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
         return self._engines[key]
 

@@ -14,8 +14,7 @@ a decode step reads the decoder's weights once and is memory-bound, so everythin
   cache costs no copy; a rollback is only a shorter length (engine.py);
 - the output head projects only the positions whose logits are read.
 
-Everything is plain device-agnostic torch (CPU or CUDA; float32, bfloat16, float16); ``int8=True``
-keeps every matrix as int8 per output channel on the CPU (int8.py).
+Everything is plain device-agnostic torch (CPU or CUDA; float32, bfloat16, float16).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from transformers.activations import ACT2FN
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
-from pipeline.decoding.int8 import Int8Matrix, plus_product
 
 SUPPORTED = {"T5ForConditionalGeneration": "t5", "MT5ForConditionalGeneration": "mt5"}
 
@@ -57,13 +55,10 @@ class _Layer:
 
 
 class T5Weights:
-    """A T5 checkpoint's weights, laid out once for decoding (shared by every engine of a model).
-
-    Matrices are float tensors [in, out], or ``Int8Matrix`` with ``int8=True``.
-    """
+    """A T5 checkpoint's weights, laid out once for decoding (shared by every engine of a model)."""
 
     @torch.no_grad()
-    def __init__(self, model: PreTrainedModel, int8: bool = False):
+    def __init__(self, model: PreTrainedModel):
         config = model.config
         self.config = config
         self.dtype, self.device = model.dtype, model.device
@@ -73,12 +68,11 @@ class T5Weights:
         self.gated = bool(config.is_gated_act)
         self.act = ACT2FN[config.dense_act_fn]
 
-        def matrix(*linears, norm=None):
+        def matrix(*linears, norm=None) -> torch.Tensor:
             weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
             if norm is not None:
                 weight = weight * norm.weight.float()[None, :]
-            weight = weight.t().contiguous()  # [in, out]
-            return Int8Matrix(weight) if int8 else weight.to(self.dtype)
+            return weight.t().contiguous().to(self.dtype)  # [in, out]
 
         def feed_forward(block) -> tuple[torch.Tensor, torch.Tensor]:
             dense = block.DenseReluDense
@@ -116,15 +110,14 @@ class T5Weights:
         head = model.lm_head.weight.float() * model.decoder.final_layer_norm.weight.float()[None, :]
         if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
             head = head * self.d_model**-0.5
-        head = head.t().contiguous()  # [d, V]
-        self.head = Int8Matrix(head) if int8 else head.to(self.dtype)
+        self.head = head.t().contiguous().to(self.dtype)  # [d, V]
 
     @classmethod
-    def from_model(cls, model: PreTrainedModel, int8: bool = False) -> "T5Weights":
+    def from_model(cls, model: PreTrainedModel) -> "T5Weights":
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(reason)
-        return cls(model, int8=int8)
+        return cls(model)
 
     # --- pieces of the forward pass ---------------------------------------------------------------
 
@@ -143,7 +136,7 @@ class T5Weights:
             hidden = self.act(gate) * linear
         else:
             hidden = self.act(hidden)
-        return clamp_half(plus_product(x, hidden, layer.ff_out))
+        return clamp_half(torch.addmm(x, hidden, layer.ff_out))
 
     def bias_table(self, capacity: int, causal: bool) -> torch.Tensor:
         """[H, C, C]: the relative position bias of query i and key j (and -inf for j > i if causal)."""
@@ -172,7 +165,7 @@ class T5Weights:
         for layer in self.encoder_layers:
             qkv = (self.norm(x) @ layer.qkv).view(rows, width, 3, heads, d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
             attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=bias, scale=1.0)
-            x = clamp_half(plus_product(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.out))
+            x = clamp_half(torch.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.out))
             x = self.feed_forward(x, layer)
         return (self.norm(x) * self.encoder_final_norm).view(rows, width, -1)
 
@@ -266,9 +259,9 @@ class T5Engine(Engine):
         else:
             attend = self._many_rows(feed, keys)
         for index, layer in enumerate(w.decoder_layers):
-            x = clamp_half(plus_product(x, attend.self_attention(index, w.norm(x), layer.qkv), layer.out))
+            x = clamp_half(torch.addmm(x, attend.self_attention(index, w.norm(x), layer.qkv), layer.out))
             query = (w.norm(x) @ layer.cross_q).view(rows, width, w.heads, w.d_kv).transpose(1, 2)
-            x = clamp_half(plus_product(x, attend.cross_attention(index, query), layer.cross_out))
+            x = clamp_half(torch.addmm(x, attend.cross_attention(index, query), layer.cross_out))
             x = w.feed_forward(x, layer)
         hidden, index = read_positions(x, feed)
         return place_logits(w.norm(hidden) @ w.head, index, feed)
@@ -357,10 +350,7 @@ class _Attention:
         cache = self.engine.qkv[layer]  # [slots, C, 3, H, dk]
         rows, width = len(hidden) // self.self_bias.shape[2], self.self_bias.shape[2]
         if isinstance(self.written[1], slice):  # one row: its positions are one block of its slot
-            if isinstance(weight, torch.Tensor):
-                torch.mm(hidden, weight, out=cache[self.written].view(width, -1))
-            else:
-                cache[self.written].view(width, -1).copy_(hidden @ weight)
+            torch.mm(hidden, weight, out=cache[self.written].view(width, -1))
             query = cache[self.rows, self.keys - width : self.keys, 0]  # [1, W, H, dk]
         else:
             qkv = (hidden @ weight).view(rows, width, *cache.shape[2:])

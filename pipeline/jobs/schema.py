@@ -34,10 +34,7 @@ class ModelsSection(_Section):
     small: str
     large: str
     tokenizer: str | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64", "int8"] = Field(
-        default="float32",
-        description="int8: float32 models whose native-engine matrices are kept as int8 per output channel, "
-                    "activations quantized per product (CPU, T5 family; as CTranslate2's int8).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "float32"
     device: str = "auto"
     trust_remote_code: bool = False
     engine: Literal[ENGINES] = Field(
