@@ -22,9 +22,8 @@ import torch
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Engine, Feed
-from pipeline.decoding.models import build_engine
+from pipeline.decoding.models import build_engine, native_unsupported_reason
 from pipeline.decoding.stats import DecodeStats
-from pipeline.decoding.t5_engine import unsupported_reason
 
 OURS = ("large", "small", "bild", "speculative")
 HF = ("hf_generate", "hf_assisted", "hf_assisted_confidence")
@@ -75,7 +74,7 @@ def hf_greedy(pair: ModelPair, input_ids: torch.Tensor, max_new_tokens: int, ass
             kwargs["assistant_confidence_threshold"] = confidence
     with torch.inference_mode(), _hf_cache_workaround(pair.large, pair.small):
         out = pair.large.generate(input_ids, **kwargs)
-    start = 1 if pair.is_encoder_decoder else input_ids.shape[1]
+    start = len(pair.decoder_prefix(input_ids[0]))  # the start token (and a forced first token), or the prompt
     return out[0, start:].tolist()
 
 
@@ -285,7 +284,7 @@ def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device
     for name, shape in PAPER_SHAPES.items():
         model = T5ForConditionalGeneration(T5Config(vocab_size=32128, decoder_start_token_id=0, pad_token_id=0,
                                                     eos_token_id=1, **shape)).eval().to(device)
-        engines[name] = build_engine(model, engine if unsupported_reason(model) is None else "hf", 1)
+        engines[name] = build_engine(model, engine if native_unsupported_reason(model) is None else "hf", 1)
     input_ids = torch.randint(3, 32000, (text_len,))
     prefix = torch.zeros((1,), dtype=torch.long)
     cost = {

@@ -324,7 +324,8 @@ def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed
 
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--family", type=click.Choice(["t5", "bart", "marian", "gpt2", "llama"]), default="t5", show_default=True)
+@click.option("--family", type=click.Choice(["t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama"]), default="t5",
+              show_default=True, help="nllb: NLLB's architecture (M2M100).")
 @click.option("--small-kind", type=click.Choice(["noisy", "independent"]), default="noisy", show_default=True,
               help="noisy: a noisy copy of the large model (agrees often); independent: another random model.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -22,8 +22,12 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    M2M100Config,
+    M2M100ForConditionalGeneration,
     MarianConfig,
     MarianMTModel,
+    MBartConfig,
+    MBartForConditionalGeneration,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     T5Config,
@@ -32,8 +36,8 @@ from transformers import (
 
 PAD, EOS, UNK = 0, 1, 2
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>"]
-FAMILIES = ("t5", "bart", "marian", "gpt2", "llama")
-ENCODER_DECODER = {"t5", "bart", "marian"}
+FAMILIES = ("t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama")
+ENCODER_DECODER = {"t5", "bart", "mbart", "marian", "nllb"}
 
 
 def byte_tokenizer(append_eos: bool) -> PreTrainedTokenizerFast:
@@ -60,12 +64,12 @@ def _config(family: str, size: str):
             d_model=width, d_ff=2 * width, num_layers=2, num_decoder_layers=layers, num_heads=4,
             d_kv=width // 4, decoder_start_token_id=PAD, dropout_rate=0.0, **common,
         )
-    if family in ("bart", "marian"):
-        config_class = BartConfig if family == "bart" else MarianConfig
+    if family in ("bart", "mbart", "marian", "nllb"):  # nllb: NLLB's architecture, M2M100
+        config_class = {"bart": BartConfig, "mbart": MBartConfig, "marian": MarianConfig, "nllb": M2M100Config}[family]
         return config_class(
             d_model=width, encoder_layers=2, decoder_layers=layers, encoder_attention_heads=4,
             decoder_attention_heads=4, encoder_ffn_dim=2 * width, decoder_ffn_dim=2 * width,
-            max_position_embeddings=512, decoder_start_token_id=PAD, bos_token_id=PAD, dropout=0.0,
+            max_position_embeddings=512, decoder_start_token_id=_decoder_start(family), bos_token_id=PAD, dropout=0.0,
             attention_dropout=0.0, activation_dropout=0.0, **common,
         )
     if family == "gpt2":
@@ -81,17 +85,24 @@ def _config(family: str, size: str):
     raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
 
 
+def _decoder_start(family: str) -> int:
+    """NLLB (M2M100) starts decoding from EOS, as its checkpoints do; the others from <pad>."""
+    return EOS if family == "nllb" else PAD
+
+
 _MODEL_CLASSES = {
     "t5": T5ForConditionalGeneration,
     "bart": BartForConditionalGeneration,
+    "mbart": MBartForConditionalGeneration,
     "marian": MarianMTModel,
+    "nllb": M2M100ForConditionalGeneration,
     "gpt2": GPT2LMHeadModel,
     "llama": LlamaForCausalLM,
 }
 
 
 # Found by measuring distinct tokens in greedy outputs of several prompts (see tests/test_tiny.py).
-DEFAULT_INIT_SCALE = {"t5": 4.0, "bart": 1.0, "marian": 1.0, "gpt2": 1.0, "llama": 8.0}
+DEFAULT_INIT_SCALE = {"t5": 4.0, "bart": 1.0, "mbart": 1.0, "marian": 1.0, "nllb": 1.0, "gpt2": 1.0, "llama": 8.0}
 _EMBEDDING_NAMES = ("embed", "shared", "wte", "wpe", "lm_head")
 
 
@@ -115,7 +126,7 @@ def build_model(
     model = _MODEL_CLASSES[family](config)
     _scale_weights(model, DEFAULT_INIT_SCALE[family] if init_scale is None else init_scale, logit_std)
     model.generation_config = GenerationConfig(
-        eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=PAD if family in ENCODER_DECODER else None
+        eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=_decoder_start(family) if family in ENCODER_DECODER else None
     )
     return model.eval()
 

@@ -63,3 +63,11 @@ def test_generate_on_either_engine_gives_the_same_output(saved_pair):
     assert outputs["native"] == outputs["hf"]
     result = CliRunner().invoke(main, ["generate", "--small", str(small), "--large", str(large), "--engine", "x", "y"])
     assert result.exit_code == 2 and "--engine" in result.output
+
+
+def test_tiny_pair_offers_every_family_of_pipeline_tiny():
+    from pipeline.cli import tiny_pair
+    from pipeline.tiny import FAMILIES
+
+    family = next(p for p in tiny_pair.params if p.name == "family")
+    assert tuple(family.type.choices) == FAMILIES

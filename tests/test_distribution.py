@@ -131,8 +131,8 @@ def test_speculative_loop_preserves_the_large_models_distribution(family, draft_
 
 def test_the_t5_engine_runs_natively_here():
     """The T5 half of the test above really goes through the native engine."""
-    from pipeline.decoding.t5_engine import T5Engine
+    from pipeline.decoding.native import NativeEngine
 
     small, large = tiny_vocab_pair("t5")
-    assert isinstance(build_engine(large, "native", 1), T5Engine)
+    assert isinstance(build_engine(large, "native", 1), NativeEngine)
     assert isinstance(build_engine(large, "hf", 1), HFEngine)

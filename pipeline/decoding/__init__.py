@@ -37,7 +37,7 @@ _EXPORTS = {
     "decode_batch": "scheduler",
     "DecodeOutput": "stats",
     "DecodeStats": "stats",
-    "T5Engine": "t5_engine",
+    "NativeEngine": "native",
 }
 
 __all__ = sorted(_EXPORTS)

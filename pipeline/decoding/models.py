@@ -14,9 +14,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding import t5_engine
+from pipeline.decoding import bart_engine, t5_engine
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.hf_engine import HFEngine
+from pipeline.decoding.native import NativeEngine, NativeWeights
+
+# The model families the native engine runs: each module has unsupported_reason(model) and a weights class.
+NATIVE_FAMILIES = ((t5_engine, t5_engine.T5Weights), (bart_engine, bart_engine.BartWeights))
 
 DTYPES = {
     "float32": torch.float32,
@@ -108,7 +112,7 @@ class ModelPair:
         # A small model cut out of the large one (pipeline/training/shrink.py) keeps its encoder:
         # then one encoder pass serves both decoders.
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
-        reasons = {"small": t5_engine.unsupported_reason(self.small), "large": t5_engine.unsupported_reason(self.large)}
+        reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
         self.engine_kind = engine_kind(self.engine_request, reasons)
 
     @property
@@ -156,22 +160,41 @@ class ModelPair:
         key = (role, slots)
         if key not in self._engines:
             if self.engine_kind == "native" and role not in self._native:
-                self._native[role] = t5_engine.T5Weights.from_model(getattr(self, role))
+                self._native[role] = native_weights(getattr(self, role))
             self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
         return self._engines[key]
 
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """A request's decoder prefix [P]: the start token (encoder-decoder) or the prompt itself."""
-        if self.is_encoder_decoder:
-            return torch.tensor([self.decoder_start_token_id], dtype=torch.long)
-        return input_ids.cpu()
+        """A request's decoder prefix [P]: the start token (encoder-decoder) or the prompt itself.
+
+        A model whose generation config forces the first token (``forced_bos_token_id``: mBART's and
+        NLLB's target language, BART-CNN's <s>) gets it in the prefix, as generate() forces it."""
+        if not self.is_encoder_decoder:
+            return input_ids.cpu()
+        forced = getattr(self.large.generation_config, "forced_bos_token_id", None)
+        return torch.tensor([self.decoder_start_token_id] + ([forced] if forced is not None else []), dtype=torch.long)
 
 
-def build_engine(model: PreTrainedModel, kind: str, slots: int, weights=None) -> Engine:
+def native_unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why no native engine runs ``model`` (None when one does)."""
+    if any(family.unsupported_reason(model) is None for family, _ in NATIVE_FAMILIES):
+        return None
+    return f"no native engine for {type(model).__name__} ({model.config.model_type})"
+
+
+def native_weights(model: PreTrainedModel) -> NativeWeights:
+    """``model``'s weights laid out by its family for the native engine."""
+    for family, weights in NATIVE_FAMILIES:
+        if family.unsupported_reason(model) is None:
+            return weights(model)
+    raise ValueError(native_unsupported_reason(model))
+
+
+def build_engine(model: PreTrainedModel, kind: str, slots: int, weights: NativeWeights | None = None) -> Engine:
     """An engine of ``kind`` ("native" or "hf") for ``model`` with ``slots`` rows; ``weights`` passes
     the native engine's prepared weights when they exist already."""
     if kind == "native":
-        return t5_engine.T5Engine(weights or t5_engine.T5Weights.from_model(model), slots)
+        return NativeEngine(weights or native_weights(model), slots)
     return HFEngine(model, slots)
 
 

@@ -1,9 +1,10 @@
-"""The native T5 engine against Hugging Face's T5: the same logits and the same tokens.
+"""The native engine against Hugging Face's models: the same logits and the same tokens.
 
-Random tiny T5 models of several shapes (T5 v1.0 with a tied head and ReLU, T5 v1.1 / Flan-T5 with
-an untied head and gated GELU, mT5, num_heads * d_kv != d_model, one and three decoder layers) and
-the shipped demo pair. Logits are compared position by position with Hugging Face's own forward
-pass; tokens and statistics with the Hugging Face engine for every method and batch size.
+Random tiny models of the T5 family in several shapes (T5 v1.0 with a tied head and ReLU, T5 v1.1
+/ Flan-T5 with an untied head and gated GELU, mT5, num_heads * d_kv != d_model, one and three
+decoder layers), of the BART family (BART, mBART, Marian, NLLB's M2M100) and the shipped demo pair.
+Logits are compared position by position with Hugging Face's own forward pass; tokens and
+statistics with the Hugging Face engine for every method and batch size.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from transformers import MT5ForConditionalGeneration, T5Config, T5ForConditional
 from conftest import TEXTS
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
-from pipeline.decoding.t5_engine import T5Engine, T5Weights, unsupported_reason
-from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, byte_tokenizer, noisy_copy
+from pipeline.decoding.models import native_unsupported_reason, native_weights
+from pipeline.decoding.native import NativeEngine
+from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, build_model, byte_tokenizer, noisy_copy
 
 SHAPES = {
     "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
@@ -25,8 +27,18 @@ SHAPES = {
     "narrow-heads": dict(d_model=48, num_heads=3, d_kv=20, num_decoder_layers=3),  # 3 * 20 != 48
     "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
 }
+BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.tiny's families; nllb is M2M100
+MODELS = [*SHAPES, *BART_FAMILY]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 24
+
+
+def build(name: str, seed: int = 0, dtype=torch.float32):
+    """A tiny random model: a T5 shape of SHAPES, or a BART-family model of pipeline.tiny."""
+    if name in BART_FAMILY:
+        model = build_model(name, "large", seed=seed)
+        return model.to(dtype).eval()
+    return build_t5(name, seed, dtype)
 
 
 def build_t5(shape: str, seed: int = 0, dtype=torch.float32):
@@ -44,8 +56,8 @@ def build_t5(shape: str, seed: int = 0, dtype=torch.float32):
     return model.to(dtype).eval()
 
 
-def pair_of(shape: str, engine: str, dtype=torch.float32) -> ModelPair:
-    large = build_t5(shape, dtype=dtype)
+def pair_of(name: str, engine: str, dtype=torch.float32) -> ModelPair:
+    large = build(name, dtype=dtype)
     return ModelPair(noisy_copy(large, 0.1, seed=1), large, byte_tokenizer(append_eos=True), torch.device("cpu"),
                      engine_request=engine)
 
@@ -54,10 +66,10 @@ def encode(text: str) -> torch.Tensor:
     return torch.tensor(byte_tokenizer(append_eos=True)(text)["input_ids"])
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_the_native_engine_runs_every_shape(shape):
-    model = build_t5(shape)
-    assert unsupported_reason(model) is None
+@pytest.mark.parametrize("name", MODELS)
+def test_the_native_engine_runs_every_family(name):
+    model = build(name)
+    assert native_unsupported_reason(model) is None
     assert ModelPair(model, model, byte_tokenizer(True), torch.device("cpu")).engine_kind == "native"
 
 
@@ -77,17 +89,19 @@ def hf_logits(model, sources: list[torch.Tensor], rows: list[list[int]]) -> torc
 LAYOUTS = {"in-order": [0, 1, 2], "out-of-order": [2, 0, 1], "gap": [2, 0, 3], "scattered": [0, 7, 3]}
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_logits_match_hugging_face_within_1e_4(shape, layout):
+def test_logits_match_hugging_face_within_1e_4(name, layout):
     """Every read position's logits equal those of Hugging Face's full forward pass over the same
-    tokens: rows of different source lengths, positions and counts in one pass (against Hugging
-    Face's batch of the same rows), and one row fed in three calls through its cache."""
-    model = build_t5(shape)
-    engine = T5Engine(T5Weights(model), slots=8)
+    tokens: rows of different source lengths and counts in one pass, then the same rows going on
+    from their different positions in a second (against Hugging Face's batch of the same rows),
+    and one row fed in three calls through its cache."""
+    model = build(name)
+    engine = NativeEngine(native_weights(model), slots=8)
     slots = LAYOUTS[layout]
     sources = [encode(text) for text in INPUTS[:3]]
-    rows = [[PAD] + list(range(10, 10 + n)) for n in (6, 2, 9)]  # the start token and some tokens
+    start = model.config.decoder_start_token_id
+    rows = [[start] + list(range(10, 10 + n)) for n in (6, 2, 9)]  # the start token and some tokens
     engine.admit(slots, sources)
     counts = [4, 2, 7]  # row r feeds its first counts[r] tokens and reads all of them
     tokens = torch.zeros((3, max(counts)), dtype=torch.long)
@@ -97,6 +111,13 @@ def test_logits_match_hugging_face_within_1e_4(shape, layout):
     want = hf_logits(model, sources, rows)
     for r, count in enumerate(counts):
         torch.testing.assert_close(logits[r, :count], want[r, :count], atol=1e-4, rtol=0)
+    rest = [len(row) - count for row, count in zip(rows, counts)]  # each row goes on from its own position
+    tokens = torch.zeros((3, max(rest)), dtype=torch.long)
+    for r, (row, count) in enumerate(zip(rows, counts)):
+        tokens[r, : rest[r]] = torch.tensor(row[count:])
+    logits = engine.forward(Feed(slots, tokens, counts, rest, rest))
+    for r, (count, more) in enumerate(zip(counts, rest)):
+        torch.testing.assert_close(logits[r, :more], want[r, count : count + more], atol=1e-4, rtol=0)
 
     source, row = sources[2], rows[2]
     engine.admit([5], [source])
@@ -109,9 +130,9 @@ def test_logits_match_hugging_face_within_1e_4(shape, layout):
         torch.testing.assert_close(logits, want[end - reads : end], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_tokens_and_statistics_equal_the_hugging_face_engines(shape):
-    native, hf = pair_of(shape, "native"), pair_of(shape, "hf")
+@pytest.mark.parametrize("name", MODELS)
+def test_tokens_and_statistics_equal_the_hugging_face_engines(name):
+    native, hf = pair_of(name, "native"), pair_of(name, "hf")
     assert (native.engine_kind, hf.engine_kind) == ("native", "hf")
     compared = 0
     for method in ("large", "small", "bild", "speculative"):
@@ -133,7 +154,7 @@ def test_half_precision_is_as_close_to_float32_as_hugging_faces(dtype, shape):
     coarser type. Its logits may be no further from the float32 model's than Hugging Face's own
     run in that dtype (random tiny models are sensitive: both err by up to a third of the scale)."""
     reference, model = build_t5(shape), build_t5(shape, dtype=dtype)
-    engine = T5Engine(T5Weights(model), slots=1)
+    engine = NativeEngine(native_weights(model), slots=1)
     source, row = encode(INPUTS[0]), [PAD, 10, 11, 12, 13]
     engine.admit([0], [source])
     got = engine.forward(Feed([0], torch.tensor([row]), [0], [len(row)], [len(row)]))[0]
@@ -148,7 +169,7 @@ def test_half_precision_is_as_close_to_float32_as_hugging_faces(dtype, shape):
 def test_a_rollback_is_only_a_shorter_length():
     """rewind changes no cached tensor; the next forward overwrites from the kept length on."""
     model = build_t5("t5-v1.0")
-    engine = T5Engine(T5Weights(model), slots=1)
+    engine = NativeEngine(native_weights(model), slots=1)
     engine.admit([0], [encode(INPUTS[0])])
     engine.forward(Feed([0], torch.tensor([[PAD, 20, 21, 22]]), [0], [4], [1]))
     before = engine.qkv.clone()
@@ -163,14 +184,14 @@ def test_a_rollback_is_only_a_shorter_length():
 
 
 def test_models_without_a_native_engine_fall_back_to_hugging_face(caplog, make_pair):
-    bart = make_pair("bart")
-    assert bart.engine_kind == "hf"
+    gpt2 = make_pair("gpt2")
+    assert gpt2.engine_kind == "hf"
     with caplog.at_level("WARNING", logger="pipeline.decoding"):
-        pair = ModelPair(bart.small, bart.large, bart.tokenizer, bart.device, engine_request="native")
+        pair = ModelPair(gpt2.small, gpt2.large, gpt2.tokenizer, gpt2.device, engine_request="native")
     assert pair.engine_kind == "hf"
-    assert "Hugging Face engine" in caplog.text and "Bart" in caplog.text
+    assert "Hugging Face engine" in caplog.text and "GPT2LMHeadModel" in caplog.text
     with pytest.raises(ValueError, match="engine"):
-        ModelPair(bart.small, bart.large, bart.tokenizer, bart.device, engine_request="fast")
+        ModelPair(gpt2.small, gpt2.large, gpt2.tokenizer, gpt2.device, engine_request="fast")
 
 
 @pytest.mark.slow
@@ -203,3 +224,19 @@ def demo_pair_paths():
 
     models = Path(__file__).resolve().parents[1] / "models" / "demo-de-en"
     return str(models / "small-aligned"), str(models / "large")
+
+
+def test_a_forced_first_token_is_part_of_the_prefix_as_generate_forces_it():
+    """mBART/NLLB force the target language (generation_config.forced_bos_token_id): our output is
+    what follows it, generate()'s output with it."""
+    pair = pair_of("nllb", "native")
+    pair.large.generation_config.forced_bos_token_id = 77
+    try:
+        source = encode(INPUTS[0])
+        assert pair.decoder_prefix(source).tolist() == [pair.decoder_start_token_id, 77]
+        ours = Generator(pair, DecodingConfig(method="large", max_new_tokens=12)).decode_ids(source[None]).tokens
+        with torch.inference_mode():
+            theirs = pair.large.generate(source[None], max_new_tokens=13, do_sample=False, num_beams=1)[0].tolist()
+        assert theirs[:2] == [pair.decoder_start_token_id, 77] and ours == theirs[2:]
+    finally:
+        pair.large.generation_config.forced_bos_token_id = None

@@ -1,0 +1,278 @@
+"""What the native engines share: a preallocated per-slot cache and one decoder pass over a Feed.
+
+In the style of gpt-fast. At batch size 1 a decode step reads the decoder's weights once and is
+memory-bound, so everything but the matrix products is cut:
+
+- a model family's ``NativeWeights`` (t5_engine.py, bart_engine.py) reads the Hugging Face
+  checkpoint once and lays it out for decoding (q/k/v fused, norms folded into the next matrix
+  where that is exact, matrices stored [in, out], which a CPU's matmul reads faster for one row
+  than ``F.linear``'s [out, in]) and computes one decoder layer;
+- every decoder layer's cross-attention keys and values come from one matmul per record, at
+  admission;
+- the self-attention mask (T5: with the relative position bias folded in) is one table per
+  capacity, [H or 1, C, C]; a forward pass takes one slice of it for all layers;
+- a row's q, k and v are written straight into its slot ([slots, C, 3, H, dk] per layer), so the
+  cache costs no copy; a rollback is only a shorter length (engine.py);
+- the output head projects only the positions whose logits are read.
+
+Plain device-agnostic torch (CPU or CUDA; float32, bfloat16, float16).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
+
+
+class NativeWeights(ABC):
+    """A model's weights laid out for decoding, and the family's pieces of a forward pass."""
+
+    dtype: torch.dtype
+    device: torch.device
+    heads: int
+    d_kv: int
+    layer_count: int  # decoder layers
+    attention_scale: float  # on q.k: 1.0 for T5, d_kv ** -0.5 for BART-like models
+
+    def __init__(self, model, unsupported: str | None):
+        """``unsupported``: the family's reason not to run ``model`` (its ``unsupported_reason``), or None."""
+        if unsupported:
+            raise ValueError(unsupported)
+        self.dtype, self.device = model.dtype, model.device
+
+    @abstractmethod
+    def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """The encoder's output [J, S, d] for right-padded ``input_ids`` [J, S]."""
+
+    @abstractmethod
+    def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
+        """Every decoder layer's cross-attention keys and values: [J, S, d] -> [J, S, layers, 2, H, dk]."""
+
+    @abstractmethod
+    def self_mask(self, capacity: int) -> torch.Tensor:
+        """[H or 1, C, C]: what query position i adds to key position j's score (-inf for j > i)."""
+
+    @abstractmethod
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The decoder's input [R * W, d] for tokens [R, W] at absolute positions [R, W]."""
+
+    @abstractmethod
+    def decoder_layer(self, x: torch.Tensor, index: int, attend: "Attention") -> torch.Tensor:
+        """One decoder layer over x [N, d]; ``attend`` does its self- and cross-attention."""
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, d] hidden states after the last layer -> [n, V]."""
+
+
+def stored(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A linear layer's float weight [out, in] as the engines keep it: [in, out], contiguous."""
+    return weight.t().contiguous().to(dtype)
+
+
+def clamp_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face clamps float16 activations that overflowed (inf -> finite); so does this, the
+    same way (a tensor bound: no host sync on a GPU). Other dtypes pass through."""
+    if x.dtype != torch.float16:
+        return x
+    largest = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(x).any(), largest - 1000, largest).to(x.dtype)
+    return torch.clamp(x, min=-limit, max=limit)
+
+
+class NativeEngine(Engine):
+    """A native decoder over ``slots`` rows, each with its own cache of self- and cross-attention."""
+
+    kind = "native"
+
+    def __init__(self, weights: NativeWeights, slots: int):
+        super().__init__(slots, weights.device)
+        self.weights = weights
+        self.capacity = 0
+        self.qkv = None  # [layers, slots, C, 3, H, dk]: each position's q, k, v as its matmul wrote them
+        self.table = None  # [H or 1, C, C]
+        self.sources = 0
+        self.cross = None  # [layers, 2, slots, H, S, dk]
+        self.source_lengths = [0] * slots
+        self._cross_rows = None  # (slots, cross keys/values of those rows) reused while they run together
+        self._reserve(64)
+
+    # --- memory -----------------------------------------------------------------------------------
+
+    def _reserve(self, positions: int) -> None:
+        """Room for ``positions`` decoder positions per slot (doubling, so growing is rare)."""
+        if positions <= self.capacity:
+            return
+        w = self.weights
+        capacity = max(positions, 2 * self.capacity)
+        grown = torch.zeros((w.layer_count, self.slots, capacity, 3, w.heads, w.d_kv), dtype=w.dtype, device=self.device)
+        if self.qkv is not None:
+            grown[:, :, : self.capacity] = self.qkv
+        self.qkv, self.capacity = grown, capacity
+        self.table = w.self_mask(capacity)
+
+    def _reserve_sources(self, length: int) -> None:
+        if length <= self.sources:
+            return
+        w = self.weights
+        sources = max(length, 2 * self.sources)
+        grown = torch.zeros((w.layer_count, 2, self.slots, w.heads, sources, w.d_kv), dtype=w.dtype, device=self.device)
+        if self.cross is not None:
+            grown[:, :, :, :, : self.sources] = self.cross
+        self.cross, self.sources = grown, sources
+
+    # --- rows joining -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None):
+        """Run the encoder once for the newcomers (unless given) and store each decoder layer's
+        cross-attention keys and values in their slots."""
+        lengths = [len(ids) for ids in input_ids]
+        if encoded is None:
+            padded = torch.zeros((len(slots), max(lengths)), dtype=torch.long)
+            for row, ids in enumerate(input_ids):
+                padded[row, : len(ids)] = ids
+            encoded = self.weights.encode(padded.to(self.device), lengths)
+        width = encoded.shape[1]
+        self._reserve_sources(width)
+        kv = self.weights.cross_keys_values(encoded)  # [J, S, layers, 2, H, dk]
+        index = torch.tensor(slots, device=self.device)
+        self.cross[:, :, index, :, :width] = kv.permute(2, 3, 0, 4, 1, 5)  # [layers, 2, J, H, S, dk]
+        for slot, length in zip(slots, lengths):
+            self.source_lengths[slot] = length
+        self._cross_rows = None
+        return encoded
+
+    # --- the forward pass -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _forward(self, feed: Feed) -> torch.Tensor:
+        w = self.weights
+        rows, width = feed.tokens.shape
+        keys = max(feed.positions) + width  # key positions 0 .. keys-1 cover every row
+        self._reserve(keys)
+        positions = torch.tensor(feed.positions, device=self.device)[:, None] + torch.arange(width, device=self.device)
+        x = w.embed(feed.tokens.to(self.device), positions)  # [N, d]
+        attend = self._one_row(feed) if rows == 1 else self._many_rows(feed, positions, keys)
+        for index in range(w.layer_count):
+            x = w.decoder_layer(x, index, attend)
+        hidden, index = read_positions(x, feed)
+        return place_logits(w.logits(hidden), index, feed)
+
+    def _one_row(self, feed: Feed) -> "Attention":
+        slot, position, width = feed.slots[0], feed.positions[0], feed.width
+        end = position + width
+        return Attention(
+            engine=self,
+            rows=slice(slot, slot + 1),
+            written=(slot, slice(position, end)),
+            keys=end,
+            self_mask=self.table[None, :, position:end, :end],  # a view, for all layers
+            cross_rows=self.cross[:, :, slot : slot + 1, :, : self.source_lengths[slot]],
+            cross_mask=None,
+        )
+
+    def _many_rows(self, feed: Feed, positions: torch.Tensor, keys: int) -> "Attention":
+        """Several rows: read in place over the span of slots they occupy when it is not much wider
+        than they are (the scheduler keeps rows in slot order), else gathered by slot."""
+        width, count, device = feed.width, len(feed.slots), self.device
+        slots = torch.tensor(feed.slots, device=device)
+        first, last = min(feed.slots), max(feed.slots)
+        place = None
+        if last - first + 1 <= 2 * count:  # in place: slots between the rows run along, their outputs unread
+            rows = slice(first, last + 1)
+            read = list(range(first, last + 1))
+            if feed.slots != read:  # idle slots between the rows, or rows out of slot order
+                place = slots - first  # [R] where each fed row sits in the span
+                spread = torch.arange(width, device=device).repeat(len(read), 1)  # idle slots: any valid positions
+                spread[place] = positions
+                positions_read = spread
+            else:
+                positions_read = positions
+            cross_rows = self.cross[:, :, rows]
+        else:  # scattered slots: their keys and values are gathered (the cross-attention ones once per row set)
+            rows, read, positions_read = slots, feed.slots, positions
+            if self._cross_rows is None or self._cross_rows[0] != feed.slots:
+                self._cross_rows = (feed.slots, self.cross[:, :, slots])
+            cross_rows = self._cross_rows[1]
+        table = self.table
+        mask = table[:, positions_read.reshape(-1), :keys].view(len(table), len(read), width, keys).transpose(0, 1)
+        lengths = [max(1, self.source_lengths[slot]) for slot in read]
+        cross_mask = None
+        if min(lengths) < max(lengths):
+            beyond = torch.arange(max(lengths), device=device)[None, :] >= torch.tensor(lengths, device=device)[:, None]
+            cross_mask = torch.zeros(beyond.shape, dtype=self.weights.dtype, device=device).masked_fill(beyond, float("-inf"))
+            cross_mask = cross_mask[:, None, None, :]  # [A, 1, 1, S]
+        return Attention(engine=self, rows=rows, written=(slots[:, None], positions), keys=keys, self_mask=mask,
+                         cross_rows=cross_rows[:, :, :, :, : max(lengths)], cross_mask=cross_mask, place=place)
+
+
+@dataclass
+class Attention:
+    """Where one forward pass's rows live in the engine's cache, worked out once for all layers.
+
+    Attention runs over A rows of the cache: the R fed rows, or (``place``) the span of slots they
+    occupy, idle slots included; ``place`` says where each fed row sits in that span.
+    """
+
+    engine: NativeEngine
+    rows: slice | torch.Tensor  # the slots read: a slice (views) or an index (a gather)
+    written: tuple  # where the fed positions' q, k, v go in [slots, C]: (slot, slice) for one row, else indices
+    keys: int  # key positions 0 .. keys - 1
+    self_mask: torch.Tensor  # [A, H or 1, W, keys]
+    cross_rows: torch.Tensor  # [layers, 2, A, H, S, dk]
+    cross_mask: torch.Tensor | None  # [A, 1, 1, S] where rows' sources differ in length
+    place: torch.Tensor | None = None  # [R] each fed row's index among the A rows, when A > R
+
+    def _spread(self, query: torch.Tensor) -> torch.Tensor:
+        """[R, ...] -> [A, ...]: the fed rows' queries among the attended rows (zeros elsewhere)."""
+        if self.place is None:
+            return query
+        spread = query.new_zeros((self.self_mask.shape[0], *query.shape[1:]))
+        spread[self.place] = query
+        return spread
+
+    def _fed(self, attended: torch.Tensor) -> torch.Tensor:
+        """[A, ...] -> [R, ...]: the fed rows' results."""
+        return attended if self.place is None else attended[self.place]
+
+    def self_attention(self, layer: int, hidden: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal self-attention of the fed positions: hidden [N, d] @ weight [d, 3 * inner] (+ bias)
+        gives their q, k, v, which go into the cache (straight from the matmul for one row) -> [N, inner]."""
+        cache = self.engine.qkv[layer]  # [slots, C, 3, H, dk]
+        width = self.self_mask.shape[2]
+        rows = len(hidden) // width
+        if isinstance(self.written[1], slice):  # one row: its positions are one block of its slot
+            out = cache[self.written].view(width, -1)
+            if bias is None:
+                torch.mm(hidden, weight, out=out)
+            else:
+                torch.addmm(bias, hidden, weight, out=out)
+            query = cache[self.rows, self.keys - width : self.keys, 0]  # [1, W, H, dk]
+        else:
+            qkv = (hidden @ weight if bias is None else torch.addmm(bias, hidden, weight))
+            qkv = qkv.view(rows, width, *cache.shape[2:])
+            cache[self.written] = qkv
+            query = qkv[:, :, 0]  # [R, W, H, dk]
+        seen = cache[self.rows, : self.keys, 1:]  # [A, keys, 2, H, dk]: a view, or a gather of k and v
+        attended = F.scaled_dot_product_attention(
+            self._spread(query).transpose(1, 2), seen[:, :, 0].transpose(1, 2), seen[:, :, 1].transpose(1, 2),
+            attn_mask=self.self_mask, scale=self.engine.weights.attention_scale)
+        return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)
+
+    def cross_attention(self, layer: int, query: torch.Tensor) -> torch.Tensor:
+        """Attention over the rows' encoder outputs; query [N, inner] -> [N, inner]."""
+        w = self.engine.weights
+        width = self.self_mask.shape[2]
+        rows = len(query) // width
+        query = query.view(rows, width, w.heads, w.d_kv).transpose(1, 2)
+        keys, values = self.cross_rows[layer]
+        attended = F.scaled_dot_product_attention(self._spread(query), keys, values, attn_mask=self.cross_mask,
+                                                  scale=w.attention_scale)
+        return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)
