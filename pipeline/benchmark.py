@@ -264,6 +264,47 @@ def admission_seconds(pair: ModelPair, input_ids: torch.Tensor, roles: tuple[str
     return statistics.median(times)
 
 
+# --- the engines side by side ---------------------------------------------------------------------------
+
+
+def compare_engines(pair: ModelPair, texts: list[str], config: DecodingConfig, repeats: int = 1) -> dict:
+    """Our `large` on the native and on the Hugging Face engine, record by record in turn (rotating),
+    with each engine's steps (a small step, a large step, a 5-draft verification) timed between the
+    records; the tokens of both must be identical."""
+    pairs = {kind: dataclasses.replace(pair, engine_request=kind) for kind in ("native", "hf")}
+    if pairs["native"].engine_kind != "native":
+        return {"skipped": "no native engine for this pair"}
+    large = dataclasses.replace(config, method="large", do_sample=False)
+    generators = {kind: Generator(each, large) for kind, each in pairs.items()}
+    samplers = {kind: CostSampler(each, texts[0], 4) for kind, each in pairs.items()}
+    encoded = [generators["native"].encode(text)[0].to(pair.device) for text in texts]
+    for kind in pairs:  # warm-up outside the measurements
+        generators[kind].decode_ids(encoded[0])
+        samplers[kind].warm_up()
+    seconds, tokens = dict.fromkeys(pairs, 0.0), {kind: [] for kind in pairs}
+    for repeat in range(repeats):
+        for index, input_ids in enumerate(encoded):
+            for kind in (("native", "hf") if index % 2 == 0 else ("hf", "native")):
+                sync_device(pair.device)
+                start = time.perf_counter()
+                output = generators[kind].decode_ids(input_ids)
+                sync_device(pair.device)
+                seconds[kind] += time.perf_counter() - start
+                if repeat == repeats - 1:
+                    tokens[kind].append(output.tokens)
+                samplers[kind].sample()
+    steps = {kind: sampler.result() for kind, sampler in samplers.items()}
+    step_ms = {kind: {"small": 1000 * s["small_step_s"], "large": 1000 * s["large_step_s"],
+                      "verify_5": 1000 * s["large_verify_s"][5]} for kind, s in steps.items()}
+    return {
+        "records": len(texts), "repeats": repeats,
+        "identical_records": sum(a == b for a, b in zip(tokens["native"], tokens["hf"])),
+        "large_seconds": seconds, "large_speed_native_over_hf": seconds["hf"] / seconds["native"],
+        "step_ms": step_ms,
+        "step_speed_native_over_hf": {step: step_ms["hf"][step] / step_ms["native"][step] for step in step_ms["hf"]},
+    }
+
+
 # --- the whole benchmark ------------------------------------------------------------------------------
 
 
@@ -304,8 +345,10 @@ def projection(runs: dict[str, MethodRun], text_len: int, max_width: int, device
 
 
 def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, bild: DecodingConfig,
-              repeats: int = 3, with_projection: bool = True, ct2: dict | None = None) -> dict:
-    """The whole benchmark; ``ct2`` ({"small": CT2Model, "large": ...}) adds the CTranslate2 rows."""
+              repeats: int = 3, with_projection: bool = True, ct2: dict | None = None,
+              with_engines: bool = False) -> dict:
+    """The whole benchmark; ``ct2`` ({"small": CT2Model, "large": ...}) adds the CTranslate2 rows,
+    ``with_engines`` our native engine against Hugging Face's on the same pair (compare_engines)."""
     sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
     sampler.warm_up()
     methods = OURS + HF + (CT2 if ct2 else ())
@@ -326,6 +369,8 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
               "engine": pair.engine_kind, "ct2": ct2["large"].description if ct2 else None,
               "dtype": pair.dtype_name, "torch_threads": torch.get_num_threads(), "methods": rows,
               "cost_model": cost}
+    if with_engines:
+        report["engines"] = compare_engines(pair, texts, bild, repeats)
     if with_projection:
         lengths = [Generator(pair, bild).encode(t)[0].shape[1] for t in texts]
         report["projection"] = projection(runs, int(np.median(lengths)), bild.max_draft_tokens, pair.device,
@@ -355,10 +400,26 @@ def render_markdown(report: dict) -> str:
               f"small step {1000 * cost['small_step_s']:.3f} ms, large step {1000 * cost['large_step_s']:.3f} ms "
               f"(ratio {cost['cost_ratio_large_over_small']:.2f}); large verification of k tokens: "
               + ", ".join(f"k={k} {1000 * v:.3f} ms" for k, v in cost["large_verify_s"].items())]
+    if "engines" in report:
+        lines += ["", render_engines(report["engines"])]
     if "projection" in report:
         p = report["projection"]
         lines += ["", "**Projection** (not a measurement of real models): T5-small/T5-large shapes with random "
                   f"weights timed here (step ratio {p['cost_ratio_large_over_small']:.1f}), combined with the call "
                   "counts measured above: projected speedup over `large`: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in p["projected_speedup_vs_large"].items())]
+    return "\n".join(lines)
+
+
+def render_engines(engines: dict) -> str:
+    """The native-vs-Hugging-Face section of a bench report."""
+    if "skipped" in engines:
+        return f"**Engines**: {engines['skipped']}."
+    ms, speed = engines["step_ms"], engines["step_speed_native_over_hf"]
+    lines = [f"**Engines** (our `large` on each, record by record in turn; steps timed between the records): "
+             f"native {engines['large_speed_native_over_hf']:.2f}x the speed of hf, "
+             f"identical tokens in {engines['identical_records']} of {engines['records']} records", "",
+             "| step | native ms | hf ms | native speed vs hf |", "|---|---|---|---|"]
+    for step in ("small", "large", "verify_5"):
+        lines.append(f"| {step} | {ms['native'][step]:.3f} | {ms['hf'][step]:.3f} | {speed[step]:.2f}x |")
     return "\n".join(lines)

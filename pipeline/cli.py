@@ -324,13 +324,23 @@ def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed
 
 @main.command("tiny-pair")
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--shape", type=click.Choice(["t5", "opus-mt", "bart-opus-mt", "nllb"]), default=None,
+              help="Instead of a tiny pair: random weights at real checkpoints' shapes, for speed checks "
+                   "(t5: T5-small/T5-large; opus-mt: Marian 6+6, d 512 and a 1-layer-decoder drafter; "
+                   "nllb: NLLB-200 600M/3.3B).")
 @click.option("--family", type=click.Choice(["t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama"]), default="t5",
               show_default=True, help="nllb: NLLB's architecture (M2M100).")
 @click.option("--small-kind", type=click.Choice(["noisy", "independent"]), default="noisy", show_default=True,
               help="noisy: a noisy copy of the large model (agrees often); independent: another random model.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def tiny_pair(out_dir, family, small_kind, seed):
+def tiny_pair(out_dir, shape, family, small_kind, seed):
     """Build a tiny random pair (offline) into OUT_DIR/small and OUT_DIR/large, for trying things out."""
+    if shape is not None:
+        from pipeline.random_pairs import save_shaped_pair
+
+        small, large = save_shaped_pair(out_dir, shape, seed=seed)
+        click.echo(f"small: {small}\nlarge: {large}")
+        return
     from pipeline.tiny import save_pair
 
     small, large = save_pair(out_dir, family, small=small_kind, seed=seed)
@@ -418,9 +428,12 @@ _bench_decoding_options = _options(
 @_bench_decoding_options
 @click.option("--projection/--no-projection", default=True, show_default=True,
               help="Also project the speedup at T5-small/T5-large shapes (random weights, timed here).")
+@click.option("--compare-engines", is_flag=True, default=False,
+              help="Also decode with `large` on our native engine and Hugging Face's in turn: speed per step, same tokens.")
 @click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
 def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
-          rollback_threshold, max_draft_tokens, device, dtype, threads, engine, with_ct2, projection, out_dir):
+          rollback_threshold, max_draft_tokens, device, dtype, threads, engine, with_ct2, projection, compare_engines,
+          out_dir):
     """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
     side (batch 1)."""
 
@@ -431,7 +444,8 @@ def bench(small, large, source, reference, prompt, limit, repeats, max_new_token
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
     with _ct2_models(pair, with_ct2) as ct2:
-        report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection, ct2=ct2)
+        report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection, ct2=ct2,
+                           with_engines=compare_engines)
     _show_report(render_markdown(report), report, out_dir, "bench")
 
 

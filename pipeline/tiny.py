@@ -40,10 +40,12 @@ FAMILIES = ("t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama")
 ENCODER_DECODER = {"t5", "bart", "mbart", "marian", "nllb"}
 
 
-def byte_tokenizer(append_eos: bool) -> PreTrainedTokenizerFast:
-    """One token per UTF-8 byte, plus <pad>=0, </s>=1, <unk>=2."""
+def byte_tokenizer(append_eos: bool, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """One token per UTF-8 byte, plus <pad>=0, </s>=1, <unk>=2; with ``vocab_size``, unused tokens
+    <extra_i> fill the vocabulary up to that size (for models shaped like real ones)."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(alphabet))}
+    vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(max(0, (vocab_size or 0) - len(vocab)))})
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -158,8 +160,12 @@ def build_pair(
 
 def save_pair(out_dir: str | Path, family: str = "t5", **kwargs) -> tuple[Path, Path]:
     """Build a pair and save it as two ``save_pretrained`` folders (tokenizer in each)."""
+    return save_models(out_dir, *build_pair(family, **kwargs))
+
+
+def save_models(out_dir: str | Path, small: PreTrainedModel, large: PreTrainedModel, tokenizer) -> tuple[Path, Path]:
+    """Save a pair as OUT_DIR/small and OUT_DIR/large (``save_pretrained`` folders, the tokenizer in each)."""
     out = Path(out_dir)
-    small, large, tokenizer = build_pair(family, **kwargs)
     paths = (out / "small", out / "large")
     for model, path in zip((small, large), paths):
         model.save_pretrained(path)

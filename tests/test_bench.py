@@ -91,3 +91,16 @@ def test_bench_records_the_engine():
         config = DecodingConfig(method="bild", max_new_tokens=8, max_draft_tokens=4)
         report = run_bench(pair, TEXTS[:1], None, config, repeats=1, with_projection=False)
         assert report["engine"] == engine and f"engine {engine}" in render_markdown(report)
+
+
+def test_bench_compares_the_engines_on_the_same_models():
+    pair = tiny_pair("bart", "noisy")
+    config = DecodingConfig(method="bild", max_new_tokens=8, max_draft_tokens=4)
+    report = run_bench(pair, TEXTS[:2], None, config, repeats=1, with_projection=False, with_engines=True)
+    engines = report["engines"]
+    assert engines["identical_records"] == engines["records"] == 2
+    assert set(engines["step_ms"]) == {"native", "hf"} and engines["large_speed_native_over_hf"] > 0
+    assert "native speed vs hf" in render_markdown(report)
+    gpt2 = tiny_pair("gpt2", "noisy")
+    assert "skipped" in run_bench(gpt2, TEXTS[:1], None, config, repeats=1, with_projection=False,
+                                  with_engines=True)["engines"]

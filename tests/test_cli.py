@@ -71,3 +71,11 @@ def test_tiny_pair_offers_every_family_of_pipeline_tiny():
 
     family = next(p for p in tiny_pair.params if p.name == "family")
     assert tuple(family.type.choices) == FAMILIES
+
+
+def test_tiny_pair_shape_choices_are_the_random_pairs_shapes():
+    from pipeline.cli import tiny_pair
+    from pipeline.random_pairs import SHAPES
+
+    shape = next(p for p in tiny_pair.params if p.name == "shape")
+    assert tuple(shape.type.choices) == tuple(SHAPES)
