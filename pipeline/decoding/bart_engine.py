@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
 
-from pipeline.decoding.native import Attention, NativeWeights, clamp_half, stored
+from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half
 
 
 @dataclass(frozen=True)
@@ -61,19 +61,19 @@ class _Layer:
     """One layer's matrices [in, out] and biases; a pre-norm's LayerNorm folded into the next matrix,
     a post-norm's kept as (weight, bias). Encoder layers have no cross_*."""
 
-    qkv: torch.Tensor
+    qkv: Matrix
     qkv_bias: torch.Tensor
-    out: torch.Tensor
+    out: Matrix
     out_bias: torch.Tensor
-    fc1: torch.Tensor
+    fc1: Matrix
     fc1_bias: torch.Tensor
-    fc2: torch.Tensor
+    fc2: Matrix
     fc2_bias: torch.Tensor
     attention_norm: tuple | None = None  # post-norm: the LayerNorms after each sub-layer
     feed_forward_norm: tuple | None = None
-    cross_q: torch.Tensor | None = None
+    cross_q: Matrix | None = None
     cross_q_bias: torch.Tensor | None = None
-    cross_out: torch.Tensor | None = None
+    cross_out: Matrix | None = None
     cross_out_bias: torch.Tensor | None = None
     cross_norm: tuple | None = None
 
@@ -109,7 +109,7 @@ class BartWeights(NativeWeights):
         self.layer_count = len(self.decoder_layers)
         # Every layer's cross-attention keys and values from one matmul: [d, layers * 2 * d].
         linears = [linear for layer in decoder.layers for linear in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
-        self.cross_kv = stored(torch.cat([linear.weight.float() for linear in linears]), self.dtype)
+        self.cross_kv = Matrix(torch.cat([linear.weight.float() for linear in linears]), self.dtype)
         self.cross_kv_bias = torch.cat([linear.bias.float() for linear in linears]).to(self.dtype)
         # The head, with the final norm (pre-norm families) folded in and the final logits bias.
         head = model.get_output_embeddings().weight.float()  # [V, d]
@@ -118,7 +118,7 @@ class BartWeights(NativeWeights):
         if final_norm is not None:
             bias = bias + head @ final_norm.bias.float()
             head = head * final_norm.weight.float()[None, :]
-        self.head, self.head_bias = stored(head, self.dtype), bias.to(self.dtype)
+        self.head, self.head_bias = Matrix(head, self.dtype), bias.to(self.dtype)
         self.final_normalized = final_norm is not None
 
     # --- reading the checkpoint -------------------------------------------------------------------
@@ -137,7 +137,7 @@ class BartWeights(NativeWeights):
     def _norm_of(self, module) -> tuple | None:
         return None if module is None else (module.weight.detach(), module.bias.detach(), module.eps)
 
-    def _matrix(self, *linears, norm=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _matrix(self, *linears, norm=None) -> tuple[Matrix, torch.Tensor]:
         """(matrix [in, out], bias) of these linears side by side. With the LayerNorm before them
         (pre-norm families) folded in: (w * x + b) @ W + c == x @ (diag(w) W) + (b @ W + c)."""
         weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
@@ -145,7 +145,7 @@ class BartWeights(NativeWeights):
         if norm is not None and self.family.pre_norm:
             bias = bias + weight @ norm.bias.float()
             weight = weight * norm.weight.float()[None, :]
-        return stored(weight, self.dtype), bias.to(self.dtype)
+        return Matrix(weight, self.dtype), bias.to(self.dtype)
 
     def _layer(self, layer, cross: bool) -> _Layer:
         attention = layer.self_attn
@@ -175,7 +175,7 @@ class BartWeights(NativeWeights):
     def _sublayer(self, x: torch.Tensor, output: torch.Tensor, weight, bias, norm: tuple | None) -> torch.Tensor:
         """The residual around a sub-layer whose last matrix is (weight, bias): x + output @ W + b,
         then the post-norm's LayerNorm where the family has one."""
-        x = torch.addmm(bias, output, weight).add_(x)
+        x = weight.addmm(bias, output).add_(x)
         return self._normalized(x, norm) if norm is not None else x
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +183,7 @@ class BartWeights(NativeWeights):
         return self._normalized(x) if self.family.pre_norm else x
 
     def _feed_forward(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        hidden = self.act(torch.addmm(layer.fc1_bias, self._input(x), layer.fc1))
+        hidden = self.act(layer.fc1.addmm(layer.fc1_bias, self._input(x)))
         return self._sublayer(x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
 
     def _embedded(self, tokens, positions, embedding, table, norm) -> torch.Tensor:
@@ -209,7 +209,7 @@ class BartWeights(NativeWeights):
             mask = torch.zeros(padding.shape, dtype=self.dtype, device=self.device).masked_fill(padding, float("-inf"))
             mask = mask[:, None, None, :]  # [J, 1, 1, S]
         for layer in self.encoder_layers:
-            qkv = torch.addmm(layer.qkv_bias, self._input(x), layer.qkv)
+            qkv = layer.qkv.addmm(layer.qkv_bias, self._input(x))
             qkv = qkv.view(rows, width, 3, heads, d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
             attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=mask,
                                                       scale=d_kv**-0.5)
@@ -222,7 +222,7 @@ class BartWeights(NativeWeights):
 
     def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
         rows, width, _ = encoded.shape
-        kv = torch.addmm(self.cross_kv_bias, encoded.reshape(rows * width, -1), self.cross_kv)
+        kv = self.cross_kv.addmm(self.cross_kv_bias, encoded.reshape(rows * width, -1))
         return kv.view(rows, width, self.layer_count, 2, self.heads, self.d_kv)
 
     def self_mask(self, capacity: int) -> torch.Tensor:
@@ -240,7 +240,7 @@ class BartWeights(NativeWeights):
         layer = self.decoder_layers[index]
         attended = attend.self_attention(index, self._input(x), layer.qkv, layer.qkv_bias)
         x = self._sublayer(x, attended, layer.out, layer.out_bias, layer.attention_norm)
-        query = torch.addmm(layer.cross_q_bias, self._input(x), layer.cross_q)
+        query = layer.cross_q.addmm(layer.cross_q_bias, self._input(x))
         x = self._sublayer(x, attend.cross_attention(index, query), layer.cross_out, layer.cross_out_bias,
                            layer.cross_norm)
         return self._feed_forward(x, layer)
@@ -248,4 +248,4 @@ class BartWeights(NativeWeights):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.final_normalized:
             hidden = self._normalized(hidden)
-        return torch.addmm(self.head_bias, hidden, self.head)
+        return self.head.addmm(self.head_bias, hidden)

@@ -70,9 +70,56 @@ class NativeWeights(ABC):
         """[n, d] hidden states after the last layer -> [n, V]."""
 
 
-def stored(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A linear layer's float weight [out, in] as the engines keep it: [in, out], contiguous."""
-    return weight.t().contiguous().to(dtype)
+class Matrix:
+    """A layer's weight as the native engines multiply by it: ``x @ W`` for W [in, out].
+
+    On a CPU in float32 two layouts are kept: MKL's GEMM reads the plain [in, out] layout fastest
+    for a few rows (a step of one or two positions, the common case at batch 1), oneDNN's packed
+    layout is faster from about four rows on (verifications, batches; BENCHMARKS.md). Elsewhere (a
+    GPU, half precision) only the plain tensor.
+    """
+
+    packed_from_rows = 4  # measured on the demo pair: MKL wins at 1-2 rows, oneDNN at 6 and more
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        """weight: a float [out, in] matrix (a linear layer's), already folded where the family folds."""
+        self.weight = weight.t().contiguous().to(dtype)  # [in, out]
+        self.packed = _onednn_packed(weight) if dtype == torch.float32 else None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.addmm(None, x)
+
+    def addmm(self, input: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """input + x @ W for x [N, in]; input: None, a bias [out] or a residual [N, out]."""
+        if self.packed is None or len(x) < self.packed_from_rows:
+            return torch.mm(x, self.weight) if input is None else torch.addmm(input, x, self.weight)
+        bias = input if input is not None and input.dim() == 1 else None
+        product = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return product if input is None or bias is not None else product.add_(input)
+
+    def into(self, out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """out = x @ W (+ bias), written into ``out`` [N, out] (straight from MKL's GEMM where it runs)."""
+        if self.packed is None or len(x) < self.packed_from_rows:
+            if bias is None:
+                torch.mm(x, self.weight, out=out)
+            else:
+                torch.addmm(bias, x, self.weight, out=out)
+        else:
+            out.copy_(self.addmm(bias, x))
+
+
+def _onednn_packed(weight: torch.Tensor):
+    """oneDNN's packed copy of a float32 [out, in] CPU weight, or None where oneDNN is not there."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:  # the layout is tuned for a batch of about 8 rows; any number of rows runs on it
+        return torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 8)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def clamp_half(x: torch.Tensor) -> torch.Tensor:
@@ -241,7 +288,7 @@ class Attention:
         """[A, ...] -> [R, ...]: the fed rows' results."""
         return attended if self.place is None else attended[self.place]
 
-    def self_attention(self, layer: int, hidden: torch.Tensor, weight: torch.Tensor,
+    def self_attention(self, layer: int, hidden: torch.Tensor, weight: Matrix,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
         """Causal self-attention of the fed positions: hidden [N, d] @ weight [d, 3 * inner] (+ bias)
         gives their q, k, v, which go into the cache (straight from the matmul for one row) -> [N, inner]."""
@@ -249,15 +296,10 @@ class Attention:
         width = self.self_mask.shape[2]
         rows = len(hidden) // width
         if isinstance(self.written[1], slice):  # one row: its positions are one block of its slot
-            out = cache[self.written].view(width, -1)
-            if bias is None:
-                torch.mm(hidden, weight, out=out)
-            else:
-                torch.addmm(bias, hidden, weight, out=out)
+            weight.into(cache[self.written].view(width, -1), hidden, bias)
             query = cache[self.rows, self.keys - width : self.keys, 0]  # [1, W, H, dk]
         else:
-            qkv = (hidden @ weight if bias is None else torch.addmm(bias, hidden, weight))
-            qkv = qkv.view(rows, width, *cache.shape[2:])
+            qkv = weight.addmm(bias, hidden).view(rows, width, *cache.shape[2:])
             cache[self.written] = qkv
             query = qkv[:, :, 0]  # [R, W, H, dk]
         seen = cache[self.rows, : self.keys, 1:]  # [A, keys, 2, H, dk]: a view, or a gather of k and v

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from pipeline.decoding.native import Attention, NativeWeights, clamp_half, stored
+from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half
 
 SUPPORTED = {"T5ForConditionalGeneration": "t5", "MT5ForConditionalGeneration": "mt5"}
 
@@ -36,12 +36,12 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 class _Layer:
     """One transformer layer's matrices, [in, out], norms folded in. Encoder layers have no cross_*."""
 
-    qkv: torch.Tensor  # [d, 3 * inner]
-    out: torch.Tensor  # [inner, d]
-    ff_in: torch.Tensor  # [d, d_ff] (or [d, 2 * d_ff]: gate and linear, for gated activations)
-    ff_out: torch.Tensor  # [d_ff, d]
-    cross_q: torch.Tensor | None = None  # [d, inner]
-    cross_out: torch.Tensor | None = None  # [inner, d]
+    qkv: Matrix  # [d, 3 * inner]
+    out: Matrix  # [inner, d]
+    ff_in: Matrix  # [d, d_ff] (or [d, 2 * d_ff]: gate and linear, for gated activations)
+    ff_out: Matrix  # [d_ff, d]
+    cross_q: Matrix | None = None  # [d, inner]
+    cross_out: Matrix | None = None  # [inner, d]
 
 
 class T5Weights(NativeWeights):
@@ -58,11 +58,11 @@ class T5Weights(NativeWeights):
         self.gated = bool(config.is_gated_act)
         self.act = ACT2FN[config.dense_act_fn]
 
-        def matrix(*linears, norm=None) -> torch.Tensor:
+        def matrix(*linears, norm=None) -> Matrix:
             weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
             if norm is not None:
                 weight = weight * norm.weight.float()[None, :]
-            return stored(weight, self.dtype)
+            return Matrix(weight, self.dtype)
 
         def feed_forward(block) -> tuple[torch.Tensor, torch.Tensor]:
             dense = block.DenseReluDense
@@ -99,7 +99,7 @@ class T5Weights(NativeWeights):
         head = model.lm_head.weight.float() * model.decoder.final_layer_norm.weight.float()[None, :]
         if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
             head = head * self.d_model**-0.5
-        self.head = stored(head, self.dtype)  # [d, V]
+        self.head = Matrix(head, self.dtype)  # [d, V]
 
     # --- pieces of the forward pass ---------------------------------------------------------------
 
@@ -118,7 +118,7 @@ class T5Weights(NativeWeights):
             hidden = self.act(gate) * linear
         else:
             hidden = self.act(hidden)
-        return clamp_half(torch.addmm(x, hidden, layer.ff_out))
+        return clamp_half(layer.ff_out.addmm(x, hidden))
 
     def bias_table(self, capacity: int, causal: bool) -> torch.Tensor:
         """[H, C, C]: the relative position bias of query i and key j (and -inf for j > i if causal)."""
@@ -147,7 +147,7 @@ class T5Weights(NativeWeights):
         for layer in self.encoder_layers:
             qkv = (self.norm(x) @ layer.qkv).view(rows, width, 3, self.heads, self.d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
             attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=bias, scale=1.0)
-            x = clamp_half(torch.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.out))
+            x = clamp_half(layer.out.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1)))
             x = self.feed_forward(x, layer)
         return (self.norm(x) * self.encoder_final_norm).view(rows, width, -1)
 
@@ -164,8 +164,8 @@ class T5Weights(NativeWeights):
 
     def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
         layer = self.decoder_layers[index]
-        x = clamp_half(torch.addmm(x, attend.self_attention(index, self.norm(x), layer.qkv), layer.out))
-        x = clamp_half(torch.addmm(x, attend.cross_attention(index, self.norm(x) @ layer.cross_q), layer.cross_out))
+        x = clamp_half(layer.out.addmm(x, attend.self_attention(index, self.norm(x), layer.qkv)))
+        x = clamp_half(layer.cross_out.addmm(x, attend.cross_attention(index, self.norm(x) @ layer.cross_q)))
         return self.feed_forward(x, layer)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
