@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 TORCH_CPU  ?= torch==2.13.0
 TORCH_CPU_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,12 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/bild-pipeline bench-loop
+
+# On a machine with an NVIDIA GPU (setup then installs torch's CUDA build): the device tests, then
+# bench and bench-batch on the demo pair and on random T5-small/large and NLLB-600M/3.3B shapes;
+# writes runs/gpu-check/gpu_check.md and .json. CI runs the same script on the CPU (--quick).
+gpu-check: setup
+	$(PY) scripts/gpu_check.py --out runs/gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info

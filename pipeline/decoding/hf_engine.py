@@ -173,7 +173,7 @@ class HFEngine(Engine):
         if encoded is None:
             padded = torch.zeros((len(slots), int(lengths.max())), dtype=torch.long)
             for row, ids in enumerate(input_ids):
-                padded[row, : len(ids)] = ids
+                padded[row, : len(ids)] = ids.cpu()
             mask = (torch.arange(padded.shape[1])[None, :] < lengths[:, None]).long()
             encoded = self.model.get_encoder()(input_ids=padded.to(self.device), attention_mask=mask.to(self.device))
             encoded = encoded.last_hidden_state  # [J, S, d]

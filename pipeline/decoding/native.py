@@ -183,7 +183,7 @@ class NativeEngine(Engine):
         if encoded is None:
             padded = torch.zeros((len(slots), max(lengths)), dtype=torch.long)
             for row, ids in enumerate(input_ids):
-                padded[row, : len(ids)] = ids
+                padded[row, : len(ids)] = ids.cpu()
             encoded = self.weights.encode(padded.to(self.device), lengths)
         width = encoded.shape[1]
         self._reserve_sources(width)
