@@ -28,16 +28,18 @@ SHAPES = {
     "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
 }
 BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.tiny's families; nllb is M2M100
-MODELS = [*SHAPES, *BART_FAMILY]
+# Each BART-family model in pipeline.tiny's two shapes: "large" (width 64, 3 decoder layers) and
+# ":small" (width 32, one decoder layer).
+MODELS = [*SHAPES, *BART_FAMILY, *(f"{family}:small" for family in BART_FAMILY)]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 24
 
 
 def build(name: str, seed: int = 0, dtype=torch.float32):
     """A tiny random model: a T5 shape of SHAPES, or a BART-family model of pipeline.tiny."""
-    if name in BART_FAMILY:
-        model = build_model(name, "large", seed=seed)
-        return model.to(dtype).eval()
+    family, _, size = name.partition(":")
+    if family in BART_FAMILY:
+        return build_model(family, size or "large", seed=seed).to(dtype).eval()
     return build_t5(name, seed, dtype)
 
 
