@@ -112,7 +112,7 @@ class T5Weights(NativeWeights):
 
     def feed_forward(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """x + FF(norm(x)). x: [N, d]"""
-        hidden = self.norm(x) @ layer.ff_in
+        hidden = layer.ff_in.product(self.norm(x))
         if self.gated:
             gate, linear = hidden.chunk(2, dim=-1)
             hidden = self.act(gate) * linear
@@ -145,7 +145,7 @@ class T5Weights(NativeWeights):
             padding = torch.arange(width, device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
             bias = bias.masked_fill(padding[:, None, None, :], float("-inf"))  # [J, H, S, S]
         for layer in self.encoder_layers:
-            qkv = (self.norm(x) @ layer.qkv).view(rows, width, 3, self.heads, self.d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
+            qkv = layer.qkv.product(self.norm(x)).view(rows, width, 3, self.heads, self.d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
             attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=bias, scale=1.0)
             x = clamp_half(layer.out.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1)))
             x = self.feed_forward(x, layer)
@@ -153,7 +153,7 @@ class T5Weights(NativeWeights):
 
     def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
         rows, width, _ = encoded.shape
-        return (encoded.reshape(rows * width, -1) @ self.cross_kv).view(rows, width, self.layer_count, 2, self.heads,
+        return self.cross_kv.product(encoded.reshape(rows * width, -1)).view(rows, width, self.layer_count, 2, self.heads,
                                                                          self.d_kv)
 
     def self_mask(self, capacity: int) -> torch.Tensor:
@@ -165,8 +165,8 @@ class T5Weights(NativeWeights):
     def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
         layer = self.decoder_layers[index]
         x = clamp_half(layer.out.addmm(x, attend.self_attention(index, self.norm(x), layer.qkv)))
-        x = clamp_half(layer.cross_out.addmm(x, attend.cross_attention(index, self.norm(x) @ layer.cross_q)))
+        x = clamp_half(layer.cross_out.addmm(x, attend.cross_attention(index, layer.cross_q.product(self.norm(x)))))
         return self.feed_forward(x, layer)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.norm(hidden) @ self.head
+        return self.head.product(self.norm(hidden))
