@@ -198,7 +198,7 @@ def report(run_path, baseline, out_dir, task, storage_options, address):
     from pathlib import Path
 
     from pipeline.jobs.load import parse_override
-    from pipeline.jobs.report import build_report, write_report
+    from pipeline.jobs.report import build_report, result_line, write_report
     from pipeline.jobs.run import connect_ray
 
     options = {}
@@ -214,8 +214,7 @@ def report(run_path, baseline, out_dir, task, storage_options, address):
         raise click.UsageError(str(exc)) from exc
     for path in write_report(summary, numeric, out_dir):
         click.echo(f"wrote {path}")
-    quality = {k: round(v, 2) for k, v in summary["quality"].items() if isinstance(v, float)}
-    click.echo(f"records {summary['records']['total']} (errors {summary['records']['errors']}), quality {quality}")
+    click.echo(result_line(summary))
 
 
 def _floats(text: str) -> list[float]:

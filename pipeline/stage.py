@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -37,8 +38,21 @@ OUTPUT_SCHEMA = pa.schema(
         ("config_hash", pa.string()),
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
         ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
+        # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
+        # took, report.baseline's passes excluded. Every row of a call carries the same two values;
+        # the union of a worker's calls is its busy time.
+        ("call_started_at", pa.float64()),
+        ("call_seconds", pa.float64()),
+        # report.baseline: the same record decoded by the baseline method too, on the same actor
+        # and in the same call (side by side); null where the record was not paired.
+        ("baseline_method", pa.string()),
+        ("baseline_prediction", pa.string()),
+        ("baseline_error", pa.string()),
+        ("baseline_output_tokens", pa.int32()),
+        ("baseline_latency_ms", pa.float64()),
     ]
 )
+BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
 
 
 SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
@@ -68,6 +82,8 @@ class DecodeStageSpec:
     batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
     verify_share: float = 1.0
     engine: str = "auto"  # models.engine: asked for; the output's `engine` column says what ran
+    baseline: DecodingConfig | None = None  # report.baseline: a second method for the paired records
+    baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -92,27 +108,35 @@ class DecodeStage:
             engine=spec.engine,
         )
         self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
+        self.passes = self.generators + ([(BASELINE, Generator(self.pair, spec.baseline))] if spec.baseline else [])
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
-        for _, generator in self.generators:  # first-call set-up must not count as a record's latency
+        for _, generator in self.passes:  # first-call set-up must not count as a record's latency
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
         todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())]
                 for name, _ in self.generators}
+        todo[BASELINE] = [i for i, row in enumerate(records) if row["id"] in self.spec.baseline_ids]
         results: dict[tuple[int, str], GenerationResult] = {}
+        call, seconds = {"call_started_at": time.time()}, dict.fromkeys(todo, 0.0)
         if self.batch_policy.batch_size == 1:  # record by record: a record's points run side by side
             for i, row in enumerate(records):
-                for name, generator in self.generators:
+                for name, generator in self.passes:
                     if i in todo[name]:
+                        started = time.perf_counter()
                         results[(i, name)] = self._decode(generator, [row])[0]
+                        seconds[name] += time.perf_counter() - started
         else:  # each point decodes the call's records together
-            for name, generator in self.generators:
+            for name, generator in self.passes:
+                started = time.perf_counter()
                 for i, result in zip(todo[name], self._decode(generator, [records[i] for i in todo[name]])):
                     results[(i, name)] = result
-        rows = [self._output_row(records[i], name, results[(i, name)])
+                seconds[name] += time.perf_counter() - started
+        call["call_seconds"] = sum(value for name, value in seconds.items() if name != BASELINE)
+        rows = [self._output_row(records[i], name, results[(i, name)], results.get((i, BASELINE)), call)
                 for i in range(len(records)) for name, _ in self.generators if (i, name) in results]
         return pa.Table.from_pylist(rows, schema=self.schema)
 
@@ -136,7 +160,8 @@ class DecodeStage:
             results[i] = result
         return results
 
-    def _output_row(self, row: dict, point: str, result: GenerationResult) -> dict:
+    def _output_row(self, row: dict, point: str, result: GenerationResult, baseline: GenerationResult | None,
+                    call: dict) -> dict:
         out = {
             "id": row["id"],
             "reference": row.get("reference"),
@@ -145,7 +170,12 @@ class DecodeStage:
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
             "engine": self.pair.engine_kind,
+            **call,
         }
+        if baseline is not None:
+            out.update(baseline_method=baseline.method, baseline_prediction=baseline.prediction,
+                       baseline_error=baseline.error, baseline_output_tokens=baseline.stats.output_tokens,
+                       baseline_latency_ms=baseline.latency_ms)
         if self.spec.sweep:
             out["point"] = point
         return out

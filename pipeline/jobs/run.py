@@ -8,6 +8,7 @@ written whole by one write task, so every id ends up exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -127,8 +128,12 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> None:
 Points = tuple[tuple[str, DecodingConfig], ...]
 
 
-def _stage_spec(job: JobConfig, points: Points, sweep: bool) -> DecodeStageSpec:
+def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> DecodeStageSpec:
+    """The actors' spec; a job with report.baseline also decodes its first baseline_records records
+    with that method (never a sweep: its grid holds `large` and `small` already)."""
     models = job.models
+    baseline = None if sweep or job.report.baseline is None else (
+        dataclasses.replace(job.decoding.to_config(), method=job.report.baseline))
     return DecodeStageSpec(
         small=models.small,
         large=models.large,
@@ -145,6 +150,8 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool) -> DecodeStageSpec:
         batch_size=job.compute.batch_size,
         verify_share=job.compute.verify_share,
         engine=models.engine,
+        baseline=baseline,
+        baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
     )
 
 
@@ -232,7 +239,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
             # block) and flush output regularly; a block never exceeds output.rows_per_file.
             block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
             selected = selected.repartition(target_num_rows_per_block=block_rows)
-            spec = _stage_spec(job, points, sweep)
+            spec = _stage_spec(job, points, sweep, ids)
             decode_dataset(selected, job, spec, partial).write_parquet(
                 data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
             )

@@ -91,6 +91,17 @@ class OutputSection(_Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+class ReportSection(_Section):
+    """What the report compares the job's output with (the decoding itself is `decoding:`)."""
+
+    baseline: Literal["bild", "speculative", "large", "small"] | None = Field(
+        default=None,
+        description="Also decode the first `baseline_records` records with this method, on the same actors and "
+                    "in the same calls as the job's own (side by side); the report then shows the speedup over "
+                    "it, the quality of both and the quality difference with a paired bootstrap interval.")
+    baseline_records: int = Field(default=100, ge=1)
+
+
 class JobConfig(_Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     task: Literal["translation", "summarization"] = "translation"
@@ -100,6 +111,7 @@ class JobConfig(_Section):
     decoding: DecodingSection = Field(default_factory=DecodingSection)
     compute: ComputeSection = Field(default_factory=ComputeSection)
     output: OutputSection
+    report: ReportSection = Field(default_factory=ReportSection)
 
     @field_validator("prompt")
     @classmethod
@@ -117,6 +129,8 @@ class JobConfig(_Section):
     def _reference_differs_from_text(self) -> "JobConfig":
         if self.input.reference_column and self.input.reference_column == self.input.text_column:
             raise ValueError("input.reference_column must differ from input.text_column")
+        if self.report.baseline is not None and self.report.baseline == self.decoding.method:
+            raise ValueError("report.baseline must differ from decoding.method")
         return self
 
     def redacted(self) -> dict:

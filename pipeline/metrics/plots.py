@@ -10,16 +10,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 
+def _saved(fig, path: Path) -> Path:
+    """Lay out, write as PNG, close."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def latency_histogram(latencies_ms, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(latencies_ms, bins=40, color="#4C72B0")
     ax.set_xlabel("latency per record (ms)")
     ax.set_ylabel("records")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def actor_throughput(per_actor: dict[str, float], path: Path) -> Path:
@@ -29,10 +34,7 @@ def actor_throughput(per_actor: dict[str, float], path: Path) -> Path:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("output tokens/s of decoding time")
     ax.set_title("throughput per actor")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
 
 
 def latency_quality(points: list[dict], metric: str, path: Path, title: str) -> Path:
@@ -49,7 +51,57 @@ def latency_quality(points: list[dict], metric: str, path: Path, title: str) -> 
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, path)
+
+
+def small_share_histogram(shares, path: Path) -> Path:
+    """How much of each record the small model wrote (BiLD): one value per record decoded without error."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(shares, bins=20, range=(0.0, 1.0), color="#4C72B0")
+    ax.set_xlabel("share of the record's output tokens written by the small model")
+    ax.set_ylabel("records")
+    ax.set_title("small-model share per record")
+    return _saved(fig, path)
+
+
+def rates_vs_length(lengths, fallbacks_per_100, rollbacks_per_100, path: Path) -> Path:
+    """Fallbacks and rollbacks per 100 output tokens of each record, against its output length."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.scatter(lengths, fallbacks_per_100, s=8, alpha=0.5, color="#4C72B0", label="fallbacks / 100 tokens")
+    ax.scatter(lengths, rollbacks_per_100, s=8, alpha=0.5, color="#C44E52", label="rollbacks / 100 tokens")
+    ax.set_xlabel("output tokens of the record")
+    ax.set_ylabel("per 100 output tokens")
+    ax.set_title("where fallbacks and rollbacks happen")
+    ax.legend(fontsize=8)
+    return _saved(fig, path)
+
+
+def latency_vs_length(series: dict[str, tuple], path: Path) -> Path:
+    """Latency of each record against its output length, one colour per method: name -> (lengths, latencies_ms)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for (name, (lengths, latencies)), colour in zip(series.items(), ("#4C72B0", "#DD8452", "#55A868")):
+        ax.scatter(lengths, latencies, s=8, alpha=0.5, color=colour, label=name)
+    ax.set_xlabel("output tokens of the record")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("latency against output length")
+    ax.legend(fontsize=8)
+    return _saved(fig, path)
+
+
+def throughput_over_time(calls: dict[str, list[tuple[float, float, int]]], path: Path) -> Path:
+    """Each actor's output tokens/s per call, drawn over the call's span of the job's wall time:
+    warm-up, stragglers and idle actors show. calls: worker -> [(start, seconds, tokens)]."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    origin = min((start for found in calls.values() for start, _, _ in found), default=0.0)
+    for worker, found in calls.items():
+        xs, ys = [], []
+        for start, seconds, tokens in found:
+            rate = tokens / seconds if seconds > 0 else 0.0
+            xs += [start - origin, start - origin + seconds, float("nan")]
+            ys += [rate, rate, float("nan")]
+        ax.plot(xs, ys, linewidth=2, label=worker)
+    ax.set_xlabel("seconds since the first call")
+    ax.set_ylabel("output tokens/s in the call")
+    ax.set_title("throughput per actor over the job")
+    ax.legend(fontsize=7)
+    return _saved(fig, path)

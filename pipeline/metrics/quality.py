@@ -77,3 +77,24 @@ def signatures(task: str) -> dict[str, str]:
         return found
     return {name: "rouge-score|stemmer:yes|fmeasure|mean-over-rows|lsum:regex-sentence-split"
             for name in SUMMARIZATION_METRICS}
+
+
+def paired_bootstrap(task: str, mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray], resamples: int = 1000,
+                     seed: int = 0) -> dict[str, dict[str, float]]:
+    """Paired bootstrap resampling over rows (Koehn 2004; sacrebleu's ``paired-bs``): both systems'
+    per-row statistics [rows, width] are resampled with the same row indices, and each corpus score
+    is recomputed from the resampled sums. -> metric: {delta, low, high} (mine - theirs, 95% interval)."""
+    rows = len(next(iter(mine.values())))
+    if rows == 0:
+        return {}
+    picks = np.random.default_rng(seed).integers(0, rows, size=(resamples, rows))
+    observed = {name: score - corpus_scores(task, {k: v.sum(0) for k, v in theirs.items()}, rows)[name]
+                for name, score in corpus_scores(task, {k: v.sum(0) for k, v in mine.items()}, rows).items()}
+    deltas = {name: [] for name in observed}
+    for pick in picks:
+        ours = corpus_scores(task, {k: v[pick].sum(0) for k, v in mine.items()}, rows)
+        base = corpus_scores(task, {k: v[pick].sum(0) for k, v in theirs.items()}, rows)
+        for name in deltas:
+            deltas[name].append(ours[name] - base[name])
+    return {name: {"delta": observed[name], "low": float(np.percentile(deltas[name], 2.5)),
+                   "high": float(np.percentile(deltas[name], 97.5))} for name in observed}

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 NUMERIC_COLUMNS = ["error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
-                   "small_calls", "large_calls", "draft_tokens", "latency_ms", "worker", "reference", "engine"]
+                   "small_calls", "large_calls", "draft_tokens", "latency_ms", "worker", "reference", "engine",
+                   "call_started_at", "call_seconds", "baseline_method", "baseline_error", "baseline_output_tokens",
+                   "baseline_latency_ms"]
 
 
 def _sum(table: pa.Table, column: str) -> int:
@@ -42,15 +44,52 @@ def bild_behaviour(table: pa.Table) -> dict[str, float]:
     }
 
 
-def per_actor_tokens_per_second(table: pa.Table) -> dict[str, float]:
-    """Output tokens per second of decoding time, for each actor (the `worker` column)."""
+def actor_calls(table: pa.Table) -> dict[str, list[tuple[float, float, int]]]:
+    """Each actor's calls (the `worker` column): (start, seconds, output tokens of rows decoded
+    without error), in time order. Every row of a call carries the call's start and duration."""
+    calls: dict[str, dict[tuple[float, float], int]] = defaultdict(lambda: defaultdict(int))
+    for worker, start, seconds, tokens, error in zip(*(table[c].to_pylist() for c in (
+            "worker", "call_started_at", "call_seconds", "output_tokens", "error"))):
+        if start is not None and seconds is not None:
+            calls[worker][(start, seconds)] += 0 if error else (tokens or 0)
+    return {worker: sorted((start, seconds, tokens) for (start, seconds), tokens in found.items())
+            for worker, found in sorted(calls.items())}
+
+
+def busy_seconds(calls: list[tuple[float, float, int]]) -> float:
+    """The union of an actor's call intervals (calls never overlap on one actor, but be safe)."""
+    busy, reached = 0.0, float("-inf")
+    for start, seconds, _ in sorted(calls):
+        end = start + seconds
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return busy
+
+
+def per_actor_throughput(table: pa.Table, wall_seconds: float | None) -> dict:
+    """Output tokens per second of busy time for each actor, its busy seconds, and the run's
+    utilization (mean busy / wall). A run written before call timing existed falls back to the sum
+    of its records' latencies, which counts a batch's time once per record (too low at batch > 1)."""
+    if "call_started_at" in table.column_names and table["call_started_at"].null_count < table.num_rows:
+        calls = actor_calls(table)
+        busy = {worker: busy_seconds(found) for worker, found in calls.items()}
+        found = {"per_actor_output_tokens_per_s": {worker: sum(c[2] for c in calls[worker]) / busy[worker]
+                                                   for worker in calls if busy[worker] > 0},
+                 "per_actor_busy_seconds": busy,
+                 "per_actor_basis": "busy time (the union of its calls, report.baseline's passes excluded)"}
+        if wall_seconds and busy:
+            found["utilization"] = sum(busy.values()) / len(busy) / wall_seconds
+        return found
+    ok = table.filter(pc.is_null(table["error"])) if table.num_rows else table
     tokens: dict[str, float] = defaultdict(float)
     seconds: dict[str, float] = defaultdict(float)
-    for worker, out, latency in zip(table["worker"].to_pylist(), table["output_tokens"].to_pylist(),
-                                    table["latency_ms"].to_pylist()):
+    for worker, out, latency in zip(ok["worker"].to_pylist(), ok["output_tokens"].to_pylist(),
+                                    ok["latency_ms"].to_pylist()):
         tokens[worker] += out or 0
         seconds[worker] += (latency or 0.0) / 1000.0
-    return {worker: tokens[worker] / seconds[worker] for worker in sorted(tokens) if seconds[worker] > 0}
+    return {"per_actor_output_tokens_per_s": {w: tokens[w] / seconds[w] for w in sorted(tokens) if seconds[w] > 0},
+            "per_actor_basis": "sum of record latencies (a run without call timing)"}
 
 
 def error_kind(message: str) -> str:
@@ -78,7 +117,7 @@ def run_summary(table: pa.Table, wall_seconds: float | None) -> dict:
     failed = [m for m in table["error"].to_pylist() if m] if table.num_rows else []
     with_reference = int(pc.sum(pc.is_valid(table["reference"])).as_py() or 0) if table.num_rows else 0
     tokens = _sum(ok, "output_tokens")
-    throughput = {"per_actor_output_tokens_per_s": per_actor_tokens_per_second(ok)}
+    throughput = per_actor_throughput(table, wall_seconds)
     if wall_seconds:
         throughput.update(wall_seconds=wall_seconds, records_per_s=table.num_rows / wall_seconds,
                           output_tokens_per_s=tokens / wall_seconds)
