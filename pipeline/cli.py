@@ -174,12 +174,13 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
 @click.option("--address", default=None,
               help="Ray cluster to join (default: RAY_ADDRESS if set, else an embedded local Ray).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def run(job_file, overrides, address, as_json):
+@click.option("--verbose", is_flag=True, help="Show Ray's own output (workers' logs, Ray Data's operator tables).")
+def run(job_file, overrides, address, as_json, verbose):
     """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
     from pipeline.jobs.run import run_job
 
     job = _load_job_or_exit(job_file, overrides)
-    summary = _exit_2_on_bad_input(job_file, run_job, job, address=address)
+    summary = _exit_2_on_bad_input(job_file, run_job, job, address=address, verbose=verbose, progress=not as_json)
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
 
 
@@ -193,7 +194,8 @@ def run(job_file, overrides, address, as_json):
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for reading the runs (credentials may also come from the environment).")
 @click.option("--address", default=None, help="Ray cluster to compute on (default: RAY_ADDRESS or a local Ray).")
-def report(run_path, baseline, out_dir, task, storage_options, address):
+@click.option("--verbose", is_flag=True, help="Show Ray's own output.")
+def report(run_path, baseline, out_dir, task, storage_options, address, verbose):
     """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors."""
     from pathlib import Path
 
@@ -207,7 +209,7 @@ def report(run_path, baseline, out_dir, task, storage_options, address):
         options[".".join(path)] = value
     if out_dir is None:
         out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"
-    connect_ray(address)
+    connect_ray(address, verbose=verbose)
     try:
         summary, numeric = build_report(run_path, baseline=baseline, task=task, storage_options=options)
     except FileNotFoundError as exc:
@@ -245,7 +247,8 @@ def _positive_ints(text: str, option: str) -> list[int]:
 @click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
               "for a local output, else ./sweep).")
 @click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
-def sweep(job_file, fallback, rollback, window, overrides, out_dir, address):
+@click.option("--verbose", is_flag=True, help="Show Ray's own output.")
+def sweep(job_file, fallback, rollback, window, overrides, out_dir, address, verbose):
     """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small`; map latency vs quality."""
     from pathlib import Path
 
@@ -254,7 +257,7 @@ def sweep(job_file, fallback, rollback, window, overrides, out_dir, address):
     windows = _positive_ints(window, "--window") if window is not None else None
     job = _load_job_or_exit(job_file, overrides)
     summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
-                                          address=address, windows=windows)
+                                          address=address, windows=windows, verbose=verbose, progress=True)
     if out_dir is None:
         out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
     for path in write_sweep(table, job.task, out_dir, job.name):

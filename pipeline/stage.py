@@ -94,8 +94,10 @@ def record_seed(base_seed: int, record_id: str) -> int:
 class DecodeStage:
     def __init__(self, spec: DecodeStageSpec, done_points: dict[str, list[str]] | None = None):
         import torch
+        from transformers.utils import logging as hf_logging
 
         torch.set_num_threads(max(1, spec.torch_threads))
+        hf_logging.disable_progress_bar()  # one weight-loading bar per actor is noise in any log
         self.spec = spec
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
         self.pair = ModelPair.from_pretrained(

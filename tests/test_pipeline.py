@@ -274,3 +274,28 @@ def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tin
     assert_one_row_per_id(table, ids)
     assert table.column("error").null_count == table.num_rows
     assert len(set(table.column("worker").to_pylist())) >= 2  # the replacement actor finished the job
+
+
+def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_pair, tmp_path):
+    """Unless --verbose, a job's console is its progress lines and summary: Ray Data's operator
+    tables stay in Ray's log files."""
+    import io
+    import logging
+
+    from pipeline.jobs.console import Progress, quiet_ray
+
+    ids = write_shards(str(tmp_path / "in"), 8, 2)
+    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", compute={"actors": 1, "batch_size": 2},
+                   output={"rows_per_file": 2})
+    run_job(job, progress=True)
+    assert logging.getLogger("ray.data").getEffectiveLevel() >= logging.WARNING  # quiet_ray ran
+    fs, path = open_filesystem(str(tmp_path / "out"))
+    stream = io.StringIO()
+    progress = Progress(fs, path, total=len(ids), stream=stream)
+    progress.seen.clear()  # count the finished run's files as if they had just been written
+    assert progress._count() and progress.records == len(ids)
+    progress._show()
+    assert stream.getvalue().startswith(f"decoding: {len(ids)}/{len(ids)} records (100%)")
+    quiet_ray(verbose=True)
+    assert logging.getLogger("ray.data").getEffectiveLevel() == logging.INFO
+    quiet_ray(verbose=False)

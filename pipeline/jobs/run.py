@@ -8,6 +8,7 @@ written whole by one write task, so every id ends up exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -34,6 +35,7 @@ from pipeline.io.storage import (
     write_manifest,
 )
 from pipeline.decoding.config import DecodingConfig
+from pipeline.jobs.console import Progress, quiet_ray
 from pipeline.jobs.schema import JobConfig
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
@@ -108,21 +110,24 @@ def _cluster_info() -> dict:
     }
 
 
-def connect_ray(address: str | None = None, min_cpus: int = 1) -> None:
+def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = False) -> None:
     """Join the cluster at `address` (or RAY_ADDRESS, set inside a submitted job), else start an
     embedded local Ray. Never joins some other cluster on this machine by accident.
 
     An embedded Ray gets at least `min_cpus` logical CPUs: the decode actors hold theirs for the
-    whole job, and the read and write tasks need one more, or they would wait forever."""
+    whole job, and the read and write tasks need one more, or they would wait forever. Unless
+    `verbose`, the workers' output and Ray Data's INFO logs stay in Ray's log files (console.py)."""
     import ray
 
+    quiet_ray(verbose)
     if ray.is_initialized():
         return
     target = address or os.environ.get("RAY_ADDRESS")
     if target:
-        ray.init(address=target, logging_level=logging.WARNING)
+        ray.init(address=target, logging_level=logging.WARNING, log_to_driver=verbose)
     else:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), logging_level=logging.WARNING)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), logging_level=logging.WARNING,
+                 log_to_driver=verbose)
 
 
 Points = tuple[tuple[str, DecodingConfig], ...]
@@ -197,9 +202,11 @@ def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None):
     return todo, partial
 
 
-def run_job(job: JobConfig, address: str | None = None, *, points: Points | None = None) -> RunSummary:
+def run_job(job: JobConfig, address: str | None = None, *, points: Points | None = None, verbose: bool = False,
+            progress: bool = False) -> RunSummary:
     """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
-    under every point by the same actor and the output rows carry a ``point`` column."""
+    under every point by the same actor and the output rows carry a ``point`` column. ``progress``
+    prints one progress line while it decodes; ``verbose`` lets Ray's own output through."""
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
     out_fs, out_path = open_filesystem(job.output.path, job.output.storage_options)
@@ -208,7 +215,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     if job.output.mode == "overwrite" and out_fs.exists(out_path):
         out_fs.rm(out_path, recursive=True)
 
-    connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1)
+    connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
     records = read_records(job.input)
     all_ids = check_ids(records).combine_chunks()
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
@@ -240,9 +247,11 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
             block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
             selected = selected.repartition(target_num_rows_per_block=block_rows)
             spec = _stage_spec(job, points, sweep, ids)
-            decode_dataset(selected, job, spec, partial).write_parquet(
-                data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
-            )
+            watch = Progress(out_fs, out_path, len(todo) * len(points)) if progress else contextlib.nullcontext()
+            with watch:
+                decode_dataset(selected, job, spec, partial).write_parquet(
+                    data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
+                )
     except BaseException as exc:
         attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), error=f"{type(exc).__name__}")
         manifest["status"] = "failed"

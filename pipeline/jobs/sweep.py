@@ -102,9 +102,9 @@ def score_points(run_path: str, task: str, storage_options: dict | None = None) 
 
 
 def run_sweep(job: JobConfig, fallbacks: list[float], rollbacks: list[float], address: str | None = None,
-              windows: list[int] | None = None):
+              windows: list[int] | None = None, verbose: bool = False, progress: bool = False):
     points = grid_points(job.decoding.to_config(), fallbacks, rollbacks, windows)
-    summary = run_job(job, address=address, points=points)
+    summary = run_job(job, address=address, points=points, verbose=verbose, progress=progress)
     table = score_points(job.output.path, job.task, job.output.storage_options)
     return summary, table
 

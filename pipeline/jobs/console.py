@@ -1,0 +1,84 @@
+"""What a job prints while it runs: one progress line, and Ray's own chatter kept in its log files.
+
+Ray Data logs its operator tables every few seconds and every actor's output (weight-loading bars
+among them) reaches the driver; a job's console would drown its result. Unless ``verbose``, Ray's
+INFO output stays in Ray's log files (``/tmp/ray/session_latest/logs``); warnings and errors still
+show, and a record that fails gets its ``error`` in its own output row.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+import pyarrow.parquet as pq
+
+from pipeline.io.storage import output_files
+
+
+def quiet_ray(verbose: bool) -> None:
+    """Ray Data's progress bars and INFO logs off (on with ``verbose``)."""
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = verbose
+    context.print_on_execution_start = verbose
+    for name in ("ray.data", "ray.data._internal.execution.streaming_executor"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    # Its only warning is that the progress bars are off, which is what was asked for.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+class Progress:
+    """Prints ``records done/total, tokens/s, ETA`` every ``interval`` seconds while a job writes its
+    output files (counted from the files' footers); one rewritten line on a terminal, a line per
+    change elsewhere."""
+
+    def __init__(self, fs, path: str, total: int, interval: float = 5.0, stream=None):
+        self.fs, self.path, self.total, self.interval = fs, path, total, interval
+        self.stream = stream or sys.stderr
+        self.seen = set(output_files(fs, path))  # files of earlier attempts (resume) are not this run's
+        self.records = self.tokens = 0
+        self.started = time.perf_counter()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "Progress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.stream.isatty():
+            self.stream.write("\n")
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval):
+            if self._count():
+                self._show()
+
+    def _count(self) -> bool:
+        """Add the rows and output tokens of files written since the last look; whether any were."""
+        fresh = [file for file in output_files(self.fs, self.path) if file not in self.seen]
+        for file in fresh:
+            try:
+                with self.fs.open(file, "rb") as handle:
+                    column = pq.read_table(handle, columns=["output_tokens"])["output_tokens"]
+            except Exception:  # noqa: BLE001 - a file still being written: count it next time
+                continue
+            self.seen.add(file)
+            self.records += len(column)
+            self.tokens += sum(value or 0 for value in column.to_pylist())
+        return bool(fresh)
+
+    def _show(self) -> None:
+        elapsed = time.perf_counter() - self.started
+        rate = self.records / elapsed if elapsed else 0.0
+        left = f"ETA {(self.total - self.records) / rate:.0f} s" if rate and self.records < self.total else "ETA -"
+        line = (f"decoding: {self.records}/{self.total} records ({100 * self.records / max(self.total, 1):.0f}%), "
+                f"{self.tokens / elapsed:.0f} output tokens/s, {left}")
+        self.stream.write(f"\r{line}" if self.stream.isatty() else f"{line}\n")
+        self.stream.flush()
