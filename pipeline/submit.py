@@ -34,7 +34,7 @@ from pathlib import Path
 import click
 import yaml
 
-from pipeline.jobs.presets import merge_presets
+from pipeline.jobs.load import job_data
 from pipeline.jobs.schema import is_secret_key
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -254,8 +254,7 @@ def stage_package(job_path: str | Path, staging: Path, working_dir: str | Path |
     target = staging / JOB_DIR / Path(job_path).name
     target.parent.mkdir(parents=True, exist_ok=True)
     # The job with its presets merged in, so it runs wherever configs/ is not uploaded.
-    target.write_text(yaml.safe_dump(merge_presets(yaml.safe_load(Path(job_path).read_text()) or {}, Path(job_path)),
-                                     sort_keys=False, allow_unicode=True))
+    target.write_text(yaml.safe_dump(job_data(job_path), sort_keys=False, allow_unicode=True))
     size += target.stat().st_size
     return Package(staging, target.relative_to(staging).as_posix(), size, source)
 

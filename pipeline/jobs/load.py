@@ -8,12 +8,11 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from pipeline.jobs.files import JobFileError, read_mapping
 from pipeline.jobs.presets import merge_presets
 from pipeline.jobs.schema import JobConfig
 
-
-class JobFileError(ValueError):
-    """A job file that cannot be used; the message names the file and the key."""
+__all__ = ["JobFileError", "apply_overrides", "job_data", "load_job", "parse_override"]
 
 
 def parse_override(assignment: str) -> tuple[list[str], object]:
@@ -53,23 +52,15 @@ def _describe(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def job_data(path: str | Path) -> dict:
+    """A job file's keys with its presets merged underneath (before --set overrides and validation)."""
+    return merge_presets(read_mapping(Path(path), str(path), "job file"), Path(path))
+
+
 def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     """Read, override and validate a job file; raise JobFileError naming the key on any problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise JobFileError(f"{source}: cannot read the job file ({exc.strerror or exc})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise JobFileError(f"{source}: not valid YAML ({exc})") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise JobFileError(f"{source}: a job file must be a mapping of keys, got {type(data).__name__}")
-    data = merge_presets(data, Path(path))  # presets underneath, the job's own keys on top
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(job_data(path), overrides)  # presets underneath, the job's keys, then --set
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:

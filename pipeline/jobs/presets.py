@@ -21,19 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from pipeline.jobs.files import JobFileError, read_mapping
 from pipeline.jobs.schema import JobConfig
 
 PRESETS_KEY = "presets"
-
-
-def _job_file_error(message: str) -> Exception:
-    """A pipeline.jobs.load.JobFileError. Imported late: load.py calls into this module, so a
-    module-level import would be circular."""
-    from pipeline.jobs.load import JobFileError
-
-    return JobFileError(message)
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -50,33 +41,18 @@ def deep_merge(base: dict, override: dict) -> dict:
 def _read_preset(index: int, entry: Any, job_path: Path) -> dict:
     where = f"{job_path}: {PRESETS_KEY}[{index}]"
     if not isinstance(entry, str) or not entry.strip():
-        raise _job_file_error(f"{where}: expected the path of a preset file (a string), got {entry!r}")
+        raise JobFileError(f"{where}: expected the path of a preset file (a string), got {entry!r}")
     path = Path(entry).expanduser()
     if not path.is_absolute():
         path = Path(os.path.normpath(job_path.parent / path))  # "jobs/../configs/x.yaml" -> "configs/x.yaml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _job_file_error(
-            f"{where} {entry!r}: cannot read the preset file {path} ({exc.strerror or exc})"
-        ) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise _job_file_error(f"{where} {entry!r}: the preset file is not valid YAML ({exc})") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise _job_file_error(
-            f"{where} {entry!r}: a preset must be a mapping of job keys, got {type(data).__name__}"
-        )
+    data = read_mapping(path, f"{where} {entry!r}", "preset file")
     if PRESETS_KEY in data:
-        raise _job_file_error(
+        raise JobFileError(
             f"{where} {entry!r}: presets cannot include other presets (remove its {PRESETS_KEY!r} key)"
         )
     unknown = sorted(str(key) for key in data if key not in JobConfig.model_fields)
     if unknown:
-        raise _job_file_error(
+        raise JobFileError(
             f"{where} {entry!r}: unknown key(s) {', '.join(unknown)} (a preset holds job-file sections, "
             f"e.g. decoding:)"
         )
@@ -96,7 +72,7 @@ def merge_presets(data: dict, job_path: str | Path) -> dict:
     if entries is None:
         entries = []
     if not isinstance(entries, list):
-        raise _job_file_error(
+        raise JobFileError(
             f"{job_path}: {PRESETS_KEY}: expected a list of preset file paths, got {type(entries).__name__}"
         )
     merged: dict = {}
