@@ -14,48 +14,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair
+from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
+from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("prediction", pa.string()),
-        ("reference", pa.string()),
-        ("error", pa.string()),
-        ("method", pa.string()),
-        ("input_tokens", pa.int32()),
-        ("truncated", pa.bool_()),
-        ("output_tokens", pa.int32()),
-        ("small_tokens", pa.int32()),
-        ("large_tokens", pa.int32()),
-        ("fallbacks", pa.int32()),
-        ("rollbacks", pa.int32()),
-        ("small_calls", pa.int32()),
-        ("large_calls", pa.int32()),
-        ("draft_tokens", pa.int32()),
-        ("latency_ms", pa.float64()),
-        ("job_name", pa.string()),
-        ("config_hash", pa.string()),
-        ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
-        ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
-        # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
-        # took, report.baseline's passes excluded. Every row of a call carries the same two values;
-        # the union of a worker's calls is its busy time.
-        ("call_started_at", pa.float64()),
-        ("call_seconds", pa.float64()),
-        # report.baseline: the same record decoded by the baseline method too, on the same actor
-        # and in the same call (side by side); null where the record was not paired.
-        ("baseline_method", pa.string()),
-        ("baseline_prediction", pa.string()),
-        ("baseline_error", pa.string()),
-        ("baseline_output_tokens", pa.int32()),
-        ("baseline_latency_ms", pa.float64()),
-    ]
-)
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
-
-
-SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
 
 
 @dataclass(frozen=True)
@@ -67,12 +29,7 @@ class DecodeStageSpec:
     of a record are timed side by side on the same actor).
     """
 
-    small: str
-    large: str
-    tokenizer: str | None
-    dtype: str
-    device: str
-    trust_remote_code: bool
+    models: ModelSpec
     points: tuple[tuple[str, DecodingConfig], ...]
     prompt: str | None
     job_name: str
@@ -81,7 +38,6 @@ class DecodeStageSpec:
     sweep: bool = False  # adds the `point` column
     batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
     verify_share: float = 1.0
-    engine: str = "auto"  # models.engine: asked for; the output's `engine` column says what ran
     baseline: DecodingConfig | None = None  # report.baseline: a second method for the paired records
     baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
 
@@ -100,15 +56,7 @@ class DecodeStage:
         hf_logging.disable_progress_bar()  # one weight-loading bar per actor is noise in any log
         self.spec = spec
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
-        self.pair = ModelPair.from_pretrained(
-            spec.small,
-            spec.large,
-            tokenizer=spec.tokenizer,
-            dtype=spec.dtype,
-            device=spec.device,
-            trust_remote_code=spec.trust_remote_code,
-            engine=spec.engine,
-        )
+        self.pair = ModelPair.from_spec(spec.models)  # the output's `engine` column says what ran
         self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
         self.passes = self.generators + ([(BASELINE, Generator(self.pair, spec.baseline))] if spec.baseline else [])
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)

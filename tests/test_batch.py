@@ -202,6 +202,7 @@ def test_policy_rejects_nonsense():
 def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(saved_tiny_pair):
     import pyarrow as pa
 
+    from pipeline.decoding import ModelSpec
     from pipeline.stage import DecodeStage, DecodeStageSpec
 
     small, large = saved_tiny_pair
@@ -210,9 +211,8 @@ def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(save
                         "input_error": [None] * 7 + ["unreadable"]})
     tables = {}
     for size in (1, 4):
-        spec = DecodeStageSpec(small=small, large=large, tokenizer=None, dtype="float32", device="cpu",
-                               trust_remote_code=False, points=(("bild", config),), prompt=None, job_name="t",
-                               config_hash="h", batch_size=size)
+        spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", config),),
+                               prompt=None, job_name="t", config_hash="h", batch_size=size)
         tables[size] = DecodeStage(spec)(records).to_pylist()
     one, batched = tables[1], tables[4]
     assert [r["id"] for r in batched] == [r["id"] for r in one]

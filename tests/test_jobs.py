@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.decoding import DecodingConfig
+import pytest
+
+from pipeline.decoding import DecodingConfig, ModelSpec
 from pipeline.io.records import normalize, parse_jsonl
-from pipeline.jobs.schema import REDACTED, DecodingSection, JobConfig, redact
+from pipeline.jobs.schema import REDACTED, DecodingSection, JobConfig, ModelsSection, redact
 
 BASE = {"name": "j", "input": {"path": "s3://b/in/", "storage_options": {"key": "AKIA-SECRET-ID",
                                                                           "secret": "very-secret"}},
@@ -16,6 +18,17 @@ BASE = {"name": "j", "input": {"path": "s3://b/in/", "storage_options": {"key": 
 def test_decoding_section_mirrors_decoding_config():
     assert set(DecodingSection.model_fields) == {f.name for f in dataclasses.fields(DecodingConfig)}
     assert DecodingSection().to_config() == DecodingConfig()
+
+
+def test_models_section_mirrors_model_spec():
+    """The job's models: section, the CLI and the decoding stage share one frozen ModelSpec."""
+    assert set(ModelsSection.model_fields) == {f.name for f in dataclasses.fields(ModelSpec)}
+    section = ModelsSection(small="s", large="l", dtype="bfloat16", engine="hf")
+    assert section.to_spec() == ModelSpec("s", "l", dtype="bfloat16", engine="hf")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        section.to_spec().small = "other"
+    with pytest.raises(ValueError, match="engine must be one of"):
+        ModelSpec("s", "l", engine="vllm")
 
 
 def test_redaction_hides_secrets_only():

@@ -14,7 +14,7 @@ from rouge_score import rouge_scorer
 
 from pipeline.io.storage import open_filesystem
 from pipeline.jobs.report import build_report, write_report
-from pipeline.stage import OUTPUT_SCHEMA
+from pipeline.io.schema import OUTPUT_SCHEMA
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ _EXPORTS = {
     "METHODS": "config",
     "DecodingConfig": "config",
     "ENGINES": "config",
+    "ModelSpec": "config",
     "Engine": "engine",
     "Feed": "engine",
     "GenerationResult": "generator",

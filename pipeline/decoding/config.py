@@ -1,4 +1,5 @@
-"""Decoding settings: which method runs and with which thresholds (DESIGN.md §1)."""
+"""Decoding settings: which models run (ModelSpec), and which method with which thresholds
+(DecodingConfig, DESIGN.md §1)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,27 @@ METHODS: tuple[str, ...] = ("bild", "speculative", "large", "small")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
 # Which engine runs the models (engine.py): auto/native take the native one where it exists.
 ENGINES: tuple[str, ...] = ("auto", "native", "hf")
+DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model pair to load and how: the one description the job file's ``models:`` section,
+    the CLI's model options and the decoding stage hand down to ``ModelPair.from_spec``."""
+
+    small: str  # hub id or local folder
+    large: str
+    tokenizer: str | None = None  # None: the large model's
+    dtype: str = "float32"  # one of DTYPE_NAMES
+    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
+    trust_remote_code: bool = False
+    engine: str = "auto"  # one of ENGINES
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 
 
 @dataclass(frozen=True)

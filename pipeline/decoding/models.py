@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from pipeline.decoding import bart_engine, t5_engine
+from pipeline.decoding.config import ModelSpec
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.hf_engine import HFEngine
 from pipeline.decoding.native import NativeEngine, NativeWeights
@@ -119,6 +120,12 @@ class ModelPair:
     def dtype_name(self) -> str:
         """What the reports say the weights are: the models' torch dtype, e.g. "float32"."""
         return str(self.large.dtype).removeprefix("torch.")
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> "ModelPair":
+        """The pair a job, the CLI or a decoding actor describes."""
+        return cls.from_pretrained(spec.small, spec.large, tokenizer=spec.tokenizer, dtype=spec.dtype,
+                                   device=spec.device, trust_remote_code=spec.trust_remote_code, engine=spec.engine)
 
     @classmethod
     def from_pretrained(

@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.io.schema import NUMERIC_COLUMNS
 from pipeline.io.storage import arrow_filesystem, data_path, open_filesystem, output_files, read_manifest
 from pipeline.metrics import quality as q
-from pipeline.metrics.summary import NUMERIC_COLUMNS, run_summary
+from pipeline.metrics.summary import run_summary
 
 
 def read_run(run_path: str, storage_options: dict | None = None):

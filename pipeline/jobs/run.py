@@ -136,16 +136,10 @@ Points = tuple[tuple[str, DecodingConfig], ...]
 def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> DecodeStageSpec:
     """The actors' spec; a job with report.baseline also decodes its first baseline_records records
     with that method (never a sweep: its grid holds `large` and `small` already)."""
-    models = job.models
     baseline = None if sweep or job.report.baseline is None else (
         dataclasses.replace(job.decoding.to_config(), method=job.report.baseline))
     return DecodeStageSpec(
-        small=models.small,
-        large=models.large,
-        tokenizer=models.tokenizer,
-        dtype=models.dtype,
-        device=models.device,
-        trust_remote_code=models.trust_remote_code,
+        models=job.models.to_spec(),
         points=points,
         prompt=job.prompt,
         job_name=job.name,
@@ -154,7 +148,6 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> D
         sweep=sweep,
         batch_size=job.compute.batch_size,
         verify_share=job.compute.verify_share,
-        engine=models.engine,
         baseline=baseline,
         baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
     )

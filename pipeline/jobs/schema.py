@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.decoding.config import ENGINES, DecodingConfig
+from pipeline.decoding.config import DTYPE_NAMES, ENGINES, DecodingConfig, ModelSpec
 
 
 class _Section(BaseModel):
@@ -31,16 +31,21 @@ class InputSection(_Section):
 
 
 class ModelsSection(_Section):
+    """The fields of pipeline.decoding.ModelSpec, validated here so errors name the key."""
+
     small: str
     large: str
     tokenizer: str | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "float32"
+    dtype: Literal[DTYPE_NAMES] = "float32"
     device: str = "auto"
     trust_remote_code: bool = False
     engine: Literal[ENGINES] = Field(
         default="auto",
         description="auto/native: our own forward pass where the architecture has one (the T5 family), else "
                     "Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
+
+    def to_spec(self) -> ModelSpec:
+        return ModelSpec(**self.model_dump())
 
 
 class DecodingSection(_Section):

@@ -9,11 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-NUMERIC_COLUMNS = ["error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
-                   "small_calls", "large_calls", "draft_tokens", "latency_ms", "worker", "reference", "engine",
-                   "call_started_at", "call_seconds", "baseline_method", "baseline_error", "baseline_output_tokens",
-                   "baseline_latency_ms"]
-
 
 def _sum(table: pa.Table, column: str) -> int:
     return int(pc.sum(table[column]).as_py() or 0) if table.num_rows else 0

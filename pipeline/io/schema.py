@@ -1,0 +1,50 @@
+"""The output table's columns (DESIGN.md §2), built once: every writer and reader takes them here.
+
+The per-record counters come from the decoding statistics type, so a counter added there is a
+column here without a second list to keep in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pyarrow as pa
+
+from pipeline.decoding.stats import DecodeStats
+
+STATS_COLUMNS = [field.name for field in fields(DecodeStats)]
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("prediction", pa.string()),
+        ("reference", pa.string()),
+        ("error", pa.string()),
+        ("method", pa.string()),
+        ("input_tokens", pa.int32()),
+        ("truncated", pa.bool_()),
+        *[(name, pa.int32()) for name in STATS_COLUMNS],
+        ("latency_ms", pa.float64()),
+        ("job_name", pa.string()),
+        ("config_hash", pa.string()),
+        ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
+        ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
+        # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
+        # took, report.baseline's passes excluded. Every row of a call carries the same two values;
+        # the union of a worker's calls is its busy time.
+        ("call_started_at", pa.float64()),
+        ("call_seconds", pa.float64()),
+        # report.baseline: the same record decoded by the baseline method too, on the same actor
+        # and in the same call (side by side); null where the record was not paired.
+        ("baseline_method", pa.string()),
+        ("baseline_prediction", pa.string()),
+        ("baseline_error", pa.string()),
+        ("baseline_output_tokens", pa.int32()),
+        ("baseline_latency_ms", pa.float64()),
+    ]
+)
+SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
+
+# What summaries and reports read: every column but the texts the models wrote and the job's labels.
+TEXT_COLUMNS = ("prediction", "baseline_prediction")
+NUMERIC_COLUMNS = [name for name in OUTPUT_SCHEMA.names if name not in TEXT_COLUMNS]
