@@ -1,6 +1,6 @@
 """Running a job: read -> (resume filter) -> decode in an actor pool -> write, plus run.json.
 
-Resume is done by hand (see README): the output directory itself is the checkpoint. Before
+Resume is done by hand (see docs/jobs.md): the output directory itself is the checkpoint. Before
 decoding, the ids already present in readable output files are skipped; a file cut off by a
 crash is unreadable, so it is removed and its records are decoded again. Each output file is
 written whole by one write task, so every id ends up exactly once.
