@@ -136,7 +136,7 @@ def test_default_working_dir_is_this_checkout_without_its_venv(tmp_path):
     job = _write_job(tmp_path / "job.yaml")
     package = sub.stage_package(job, tmp_path / "staged")
     files = _files(package.directory)
-    assert {"pipeline/cli.py", "pipeline/submit.py", "pyproject.toml", "_bild_job/job.yaml"} <= files
+    assert {"pipeline/cli/__init__.py", "pipeline/submit.py", "pyproject.toml", "_bild_job/job.yaml"} <= files
     assert not any(f.startswith((".venv/", ".git/", "runs/")) or "__pycache__" in f for f in files)
     assert package.size_bytes < 5 * 2**20
 
@@ -147,7 +147,7 @@ def test_a_working_dir_without_the_package_gets_it_added(tmp_path):
     job = _write_job(tmp_path / "job.yaml")
     package = sub.stage_package(job, tmp_path / "staged", working_dir=tmp_path / "wd")
     files = _files(package.directory)
-    assert {"data.txt", "pipeline/__init__.py", "pipeline/cli.py", "_bild_job/job.yaml"} <= files
+    assert {"data.txt", "pipeline/__init__.py", "pipeline/cli/__init__.py", "_bild_job/job.yaml"} <= files
     assert not any("__pycache__" in f for f in files)
 
 

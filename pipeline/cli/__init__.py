@@ -1,0 +1,34 @@
+"""The ``bild-pipeline`` command line: the ``main`` group, with one module per command group."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.cli import bench, jobs, models
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bild-pipeline")
+def main() -> None:
+    """Batch translation and summarization with Big Little Decoder (BiLD) speculative decoding."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would bury the results
+
+
+for _command in (
+    jobs.validate, jobs.run, jobs.report, jobs.sweep, jobs.tune,
+    models.generate, models.align, models.tiny_pair,
+    bench.bench_loop, bench.bench, bench.bench_pipeline, bench.bench_batch,
+):
+    main.add_command(_command)
+
+
+def _register_cluster_commands() -> None:
+    from pipeline.submit import logs, status, stop, submit
+
+    for command in (submit, status, logs, stop):
+        main.add_command(command)
+
+
+_register_cluster_commands()
