@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli import bench, jobs, models
+from pipeline.cli import bench, cluster, jobs, models
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,15 +20,7 @@ for _command in (
     jobs.validate, jobs.run, jobs.report, jobs.sweep, jobs.tune,
     models.generate, models.align, models.tiny_pair,
     bench.bench_loop, bench.bench, bench.bench_pipeline, bench.bench_batch,
+    cluster.submit, cluster.status, cluster.logs, cluster.stop,
 ):
     main.add_command(_command)
 
-
-def _register_cluster_commands() -> None:
-    from pipeline.submit import logs, status, stop, submit
-
-    for command in (submit, status, logs, stop):
-        main.add_command(command)
-
-
-_register_cluster_commands()
