@@ -66,7 +66,7 @@ def test_generate_on_either_engine_gives_the_same_output(saved_pair):
 
 
 def test_tiny_pair_offers_every_family_of_pipeline_tiny():
-    from pipeline.cli import tiny_pair
+    from pipeline.cli.models import tiny_pair
     from pipeline.tiny import FAMILIES
 
     family = next(p for p in tiny_pair.params if p.name == "family")
@@ -74,7 +74,7 @@ def test_tiny_pair_offers_every_family_of_pipeline_tiny():
 
 
 def test_tiny_pair_shape_choices_are_the_random_pairs_shapes():
-    from pipeline.cli import tiny_pair
+    from pipeline.cli.models import tiny_pair
     from pipeline.random_pairs import SHAPES
 
     shape = next(p for p in tiny_pair.params if p.name == "shape")

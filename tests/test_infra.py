@@ -399,7 +399,7 @@ def test_dockerfile_builds_a_cuda_image_with_the_package():
 def test_dockerignore_keeps_what_the_image_needs():
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
-    for needed in ["pyproject.toml", "README.md", "pipeline/cli.py", "pipeline/jobs/presets.py",
+    for needed in ["pyproject.toml", "README.md", "pipeline/cli/__init__.py", "pipeline/jobs/presets.py",
                    "jobs/cnn_dm.yaml", "configs/decoding/cnn_dm_unaligned_quality.yaml",
                    "data/cnn_dm_sample/test.parquet"]:
         assert not any(fnmatch.fnmatch(needed, p) or needed.startswith(p.rstrip("/") + "/") for p in patterns)
@@ -440,7 +440,7 @@ def test_dockerfile_python_stage_builds_the_wheel(tmp_path):
                     "--wheel-dir", str(wheels), str(context)], check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("bild_pipeline-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("pipeline/cli.py", "pipeline/jobs/presets.py", "pipeline/jobs/run.py",
+    for module in ("pipeline/cli/__init__.py", "pipeline/jobs/presets.py", "pipeline/jobs/run.py",
                    "pipeline/decoding/scheduler.py", "pipeline/decoding/t5_engine.py", "pipeline/stage.py"):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

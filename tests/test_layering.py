@@ -1,4 +1,4 @@
-"""DESIGN.md §3: pipeline/decoding is pure torch + transformers."""
+"""DESIGN.md §3: pipeline/decoding is pure torch + transformers; pipeline/cluster leaves click to the CLI."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 FORBIDDEN = {"ray", "fsspec", "s3fs", "click"}
 DECODING = Path(__file__).resolve().parents[1] / "pipeline" / "decoding"
+CLUSTER = Path(__file__).resolve().parents[1] / "pipeline" / "cluster"
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -50,3 +51,11 @@ def test_importing_decoding_loads_none_of_them():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_cluster_sources_import_no_click():
+    """pipeline/cluster serves the command line and is not part of it: click stays in pipeline/cli."""
+    files = sorted(CLUSTER.glob("*.py"))
+    assert files
+    for path in files:
+        assert "click" not in imported_modules(path), path.name

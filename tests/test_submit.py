@@ -22,7 +22,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline import submit as sub
+from pipeline.cli import main
+from pipeline.cli.cluster import follow_and_exit, logs, parse_env, status, stop, submit
+from pipeline.cluster.auth import TokenFileError, resolve_token
+from pipeline.cluster.entrypoint import entrypoint_for, redact_entrypoint
+from pipeline.cluster.jobs_client import JobsClient
+from pipeline.cluster.package import PackageError, runtime_env_for, stage_package
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,13 +53,14 @@ def _write_job(path: Path, **fields) -> Path:
 # Without a cluster
 
 
-def test_commands_have_the_names_to_register():
-    assert [command.name for command in sub.COMMANDS] == ["submit", "status", "logs", "stop"]
-    assert all(isinstance(command, click.Command) for command in sub.COMMANDS)
+def test_the_cluster_commands_are_registered_under_their_names():
+    for name, command in (("submit", submit), ("status", status), ("logs", logs), ("stop", stop)):
+        assert main.commands[name] is command
 
 
-def test_importing_the_module_does_not_import_ray():
-    code = "import sys, pipeline.submit; print('ray' in sys.modules)"
+def test_importing_the_cli_and_the_cluster_modules_does_not_import_ray():
+    code = ("import sys, pipeline.cli, pipeline.cluster.auth, pipeline.cluster.jobs_client, "
+            "pipeline.cluster.package; print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
 
@@ -69,25 +75,25 @@ def test_token_lookup_follows_rays_order(tmp_path):
     option_file.write_text("  from-option \n")
     env = {"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(path_file)}
 
-    assert sub.resolve_token(str(option_file), env, home).value == "from-option"
-    assert sub.resolve_token(None, env, home).value == "from-env"
-    assert sub.resolve_token(None, {"RAY_AUTH_TOKEN_PATH": str(path_file)}, home).value == "from-path"
-    assert sub.resolve_token(None, {}, home).value == "from-home"
-    assert sub.resolve_token(None, {}, tmp_path / "nobody") is None
-    assert sub.resolve_token(None, {**env, "RAY_AUTH_MODE": "disabled"}, home) is None
-    assert sub.resolve_token(str(option_file), {"RAY_AUTH_MODE": "disabled"}, home).value == "from-option"
-    token = sub.resolve_token(None, env, home)
+    assert resolve_token(str(option_file), env, home).value == "from-option"
+    assert resolve_token(None, env, home).value == "from-env"
+    assert resolve_token(None, {"RAY_AUTH_TOKEN_PATH": str(path_file)}, home).value == "from-path"
+    assert resolve_token(None, {}, home).value == "from-home"
+    assert resolve_token(None, {}, tmp_path / "nobody") is None
+    assert resolve_token(None, {**env, "RAY_AUTH_MODE": "disabled"}, home) is None
+    assert resolve_token(str(option_file), {"RAY_AUTH_MODE": "disabled"}, home).value == "from-option"
+    token = resolve_token(None, env, home)
     assert token.header() == {"Authorization": "Bearer from-env"}
     assert "from-env" not in repr(token) and "from-env" not in str(token)
 
 
-def test_unreadable_or_empty_token_file_is_a_usage_error_that_hides_the_content(tmp_path):
-    with pytest.raises(click.UsageError, match="cannot read"):
-        sub.resolve_token(str(tmp_path / "missing"), {}, tmp_path)
+def test_unreadable_or_empty_token_file_is_an_error_naming_the_file_not_its_content(tmp_path):
+    with pytest.raises(TokenFileError, match="cannot read"):
+        resolve_token(str(tmp_path / "missing"), {}, tmp_path)
     empty = tmp_path / "empty"
     empty.write_text("  \n")
-    with pytest.raises(click.UsageError, match="empty"):
-        sub.resolve_token(str(empty), {}, tmp_path)
+    with pytest.raises(TokenFileError, match="empty"):
+        resolve_token(str(empty), {}, tmp_path)
 
 
 def _fake_project(root: Path) -> Path:
@@ -119,24 +125,24 @@ def test_stage_package_leaves_out_the_venv_and_carries_the_job_file(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     job = _write_job(tmp_path / "elsewhere" / "job.yaml")  # outside the working dir
 
-    package = sub.stage_package(job, tmp_path / "staged", working_dir=project, excludes=["*.log"])
+    package = stage_package(job, tmp_path / "staged", working_dir=project, excludes=["*.log"])
 
     assert _files(package.directory) == {"pipeline/__init__.py", "pipeline/cli.py", "README.md", "_bild_job/job.yaml"}
     assert package.job_file == "_bild_job/job.yaml"
     # The staged job is the job with its presets merged in (this one has none): the same content.
     assert yaml.safe_load((package.directory / package.job_file).read_text()) == yaml.safe_load(job.read_text())
-    runtime_env = sub.runtime_env_for(package, {"HF_HUB_OFFLINE": "1"})
+    runtime_env = runtime_env_for(package, {"HF_HUB_OFFLINE": "1"})
     assert runtime_env["working_dir"] == str(package.directory)
     assert ".venv/" in runtime_env["excludes"] and ".git/" in runtime_env["excludes"]
     assert runtime_env["env_vars"] == {"HF_HUB_OFFLINE": "1"}
-    assert "env_vars" not in sub.runtime_env_for(package)
+    assert "env_vars" not in runtime_env_for(package)
 
 
 def test_default_working_dir_is_this_checkout_without_its_venv(tmp_path):
     job = _write_job(tmp_path / "job.yaml")
-    package = sub.stage_package(job, tmp_path / "staged")
+    package = stage_package(job, tmp_path / "staged")
     files = _files(package.directory)
-    assert {"pipeline/cli.py", "pipeline/submit.py", "pyproject.toml", "_bild_job/job.yaml"} <= files
+    assert {"pipeline/cli/__init__.py", "pipeline/cluster/jobs_client.py", "pyproject.toml", "_bild_job/job.yaml"} <= files
     assert not any(f.startswith((".venv/", ".git/", "runs/")) or "__pycache__" in f for f in files)
     assert package.size_bytes < 5 * 2**20
 
@@ -145,9 +151,9 @@ def test_a_working_dir_without_the_package_gets_it_added(tmp_path):
     (tmp_path / "wd").mkdir()
     (tmp_path / "wd" / "data.txt").write_text("x")
     job = _write_job(tmp_path / "job.yaml")
-    package = sub.stage_package(job, tmp_path / "staged", working_dir=tmp_path / "wd")
+    package = stage_package(job, tmp_path / "staged", working_dir=tmp_path / "wd")
     files = _files(package.directory)
-    assert {"data.txt", "pipeline/__init__.py", "pipeline/cli.py", "_bild_job/job.yaml"} <= files
+    assert {"data.txt", "pipeline/__init__.py", "pipeline/cli/__init__.py", "_bild_job/job.yaml"} <= files
     assert not any("__pycache__" in f for f in files)
 
 
@@ -155,12 +161,12 @@ def test_an_oversized_upload_is_refused_naming_the_biggest_file(tmp_path):
     (tmp_path / "wd").mkdir()
     (tmp_path / "wd" / "huge.parquet").write_bytes(b"\0" * 4096)
     job = _write_job(tmp_path / "job.yaml")
-    with pytest.raises(click.UsageError, match=r"huge\.parquet.*--exclude"):
-        sub.stage_package(job, tmp_path / "staged", working_dir=tmp_path / "wd", limit=1024)
+    with pytest.raises(PackageError, match=r"huge\.parquet.*--exclude"):
+        stage_package(job, tmp_path / "staged", working_dir=tmp_path / "wd", limit=1024)
 
 
 def test_entrypoint_runs_the_job_file_with_the_overrides_quoted():
-    entrypoint = sub.entrypoint_for("_bild_job/my job.yaml", ["decoding.method=large", "prompt=summarize: {text}"])
+    entrypoint = entrypoint_for("_bild_job/my job.yaml", ["decoding.method=large", "prompt=summarize: {text}"])
     assert shlex.split(entrypoint) == [
         "python", "-m", "pipeline.cli", "run", "_bild_job/my job.yaml",
         "--set", "decoding.method=large", "--set", "prompt=summarize: {text}",
@@ -168,18 +174,18 @@ def test_entrypoint_runs_the_job_file_with_the_overrides_quoted():
 
 
 def test_secret_overrides_are_hidden_when_an_entrypoint_is_shown():
-    entrypoint = sub.entrypoint_for("_bild_job/j.yaml", ["input.storage_options.secret=abc123", "decoding.seed=3"])
-    shown = sub.redact_entrypoint(entrypoint)
+    entrypoint = entrypoint_for("_bild_job/j.yaml", ["input.storage_options.secret=abc123", "decoding.seed=3"])
+    shown = redact_entrypoint(entrypoint)
     assert "abc123" not in shown
     assert "input.storage_options.secret=***" in shown and "decoding.seed=3" in shown
 
 
 def test_env_options():
-    assert sub.parse_env(["A=1", "B=x=y", "HOME_DIR"], {"HOME_DIR": "/h"}) == {"A": "1", "B": "x=y", "HOME_DIR": "/h"}
+    assert parse_env(["A=1", "B=x=y", "HOME_DIR"], {"HOME_DIR": "/h"}) == {"A": "1", "B": "x=y", "HOME_DIR": "/h"}
     with pytest.raises(click.UsageError, match="not set"):
-        sub.parse_env(["MISSING"], {})
+        parse_env(["MISSING"], {})
     with pytest.raises(click.UsageError, match="valid variable name"):
-        sub.parse_env(["1BAD=x"], {})
+        parse_env(["1BAD=x"], {})
 
 
 class _FakeClient:
@@ -215,7 +221,7 @@ class _FakeClient:
 def test_following_prints_the_logs_once_and_exits_with_the_jobs_status(final, code, stream_breaks, capsys):
     client = _FakeClient(final, stream_breaks)
     with pytest.raises(SystemExit) as exit_info:
-        sub._finish(client, "raysubmit_x", sub.follow_logs(client, "raysubmit_x", poll_s=0))
+        follow_and_exit(JobsClient(client), "raysubmit_x", poll_s=0)
     assert exit_info.value.code == code
     out, err = capsys.readouterr()
     assert out == f"first line\nsecond line\nstatus: {final}\n"
@@ -232,19 +238,27 @@ def _closed_port() -> int:
 def test_an_invalid_job_file_exits_2_naming_the_key_before_any_connection(tmp_path):
     job = _write_job(tmp_path / "job.yaml")
     job.write_text(job.read_text() + "decodng: {method: large}\n")
-    result = CliRunner().invoke(sub.submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}"])
+    result = CliRunner().invoke(submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}"])
     assert result.exit_code == 2, result.output
     assert "decodng" in result.output
 
     good = _write_job(tmp_path / "good.yaml")
-    result = CliRunner().invoke(sub.submit, [str(good), "--set", "decoding.method=fast",
+    result = CliRunner().invoke(submit, [str(good), "--set", "decoding.method=fast",
                                              "--address", f"http://127.0.0.1:{_closed_port()}"])
     assert result.exit_code == 2 and "decoding.method" in result.output
 
 
+def test_an_unreadable_token_file_exits_2(tmp_path):
+    job = _write_job(tmp_path / "job.yaml")
+    result = CliRunner().invoke(submit, [str(job), "--auth-token-file", str(tmp_path / "missing"),
+                                         "--address", f"http://127.0.0.1:{_closed_port()}"])
+    assert result.exit_code == 2, result.output
+    assert "cannot read the auth token file (--auth-token-file" in result.output
+
+
 def test_relative_local_paths_are_flagged(tmp_path):
     job = _write_job(tmp_path / "job.yaml", input="data/in.parquet", output="out")
-    result = CliRunner().invoke(sub.submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}"])
+    result = CliRunner().invoke(submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}"])
     assert result.exit_code == 3
     assert "input.path 'data/in.parquet' is a relative path" in result.output
     assert "output.path 'out' is a relative path" in result.output
@@ -256,7 +270,7 @@ def test_an_unreachable_cluster_exits_3_without_showing_the_token(tmp_path):
     address = f"http://127.0.0.1:{_closed_port()}"
     env = {**{k: v for k, v in os.environ.items() if k not in _RAY_ENV}, "RAY_AUTH_TOKEN": token}
     for args in (["submit", str(job), "--wait"], ["stop", "raysubmit_x"]):  # all commands share one connect()
-        out = subprocess.run([sys.executable, "-m", "pipeline.submit", *args, "--address", address],
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--address", address],
                              capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
         assert out.returncode == 3, (args, out.stdout, out.stderr)
         assert "cannot reach" in out.stderr
@@ -379,7 +393,7 @@ def _cli(cluster, *args, home=None, extra_env=None, timeout=120) -> subprocess.C
     env = {k: v for k, v in os.environ.items() if k not in _RAY_ENV}
     env["HOME"] = str(home if home is not None else cluster["home"])
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "pipeline.submit", *args, "--address", cluster["address"]],
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--address", cluster["address"]],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
@@ -463,6 +477,6 @@ def test_staged_job_carries_its_presets(tmp_path):
     job = _write_job(tmp_path / "jobs" / "job.yaml")
     data = yaml.safe_load(job.read_text())
     job.write_text(yaml.safe_dump({"presets": ["../configs/fast.yaml"], **data}))
-    package = sub.stage_package(job, tmp_path / "staged", working_dir=tmp_path / "jobs")
+    package = stage_package(job, tmp_path / "staged", working_dir=tmp_path / "jobs")
     staged = yaml.safe_load((package.directory / package.job_file).read_text())
     assert "presets" not in staged and staged["decoding"]["rollback_threshold"] == 6

@@ -1,0 +1,178 @@
+"""Commands on job files: ``validate``, ``run``, ``report`` on a finished run, ``sweep`` over the thresholds
+and ``tune`` (pick a sweep point as a decoding preset)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pipeline.cli.options import override_option
+
+verbose_option = click.option("--verbose", is_flag=True, help="Show Ray's own output.")
+
+
+@click.command()
+@click.argument("job_files", nargs=-1, required=True, type=click.Path())
+@override_option
+def validate(job_files, overrides):
+    """Check job files without running them (exit code 2 if any is invalid)."""
+    from pipeline.jobs import JobFileError, load_job
+
+    bad = 0
+    for path in job_files:
+        try:
+            job = load_job(path, overrides)
+        except JobFileError as exc:
+            click.echo(str(exc), err=True)
+            bad += 1
+        else:
+            click.echo(f"{path}: ok (job {job.name!r}, method {job.decoding.method}, config {job.config_hash()})")
+    sys.exit(2 if bad else 0)
+
+
+def _load_job_or_exit(job_file: str, overrides):
+    """The validated job, or its problems on stderr and exit code 2."""
+    from pipeline.jobs import JobFileError, load_job
+
+    try:
+        return load_job(job_file, overrides)
+    except JobFileError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
+def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
+    """Run func; input that cannot be used at all (duplicate ids, existing output) exits with code 2."""
+    from pipeline.io.storage import InputError
+    from pipeline.jobs.run import OutputExistsError
+
+    try:
+        return func(*args, **kwargs)
+    except (InputError, OutputExistsError) as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.command()
+@click.argument("job_file", type=click.Path())
+@override_option
+@click.option("--address", default=None,
+              help="Ray cluster to join (default: RAY_ADDRESS if set, else an embedded local Ray).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--verbose", is_flag=True, help="Show Ray's own output (workers' logs, Ray Data's operator tables).")
+def run(job_file, overrides, address, as_json, verbose):
+    """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
+    from pipeline.jobs.run import run_job
+
+    job = _load_job_or_exit(job_file, overrides)
+    summary = _exit_2_on_bad_input(job_file, run_job, job, address=address, verbose=verbose, progress=not as_json)
+    click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
+
+
+@click.command()
+@click.argument("run_path")
+@click.option("--baseline", default=None, help="Another run of the same inputs (e.g. method: large) to compare with.")
+@click.option("--out", "out_dir", default=None, help="Where to write summary.json, report.md and plots "
+              "(default: RUN_PATH/report for a local run, else ./report).")
+@click.option("--task", type=click.Choice(["translation", "summarization"]), default=None,
+              help="Metric family (default: the run's job task).")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="fsspec option for reading the runs (credentials may also come from the environment).")
+@click.option("--address", default=None, help="Ray cluster to compute on (default: RAY_ADDRESS or a local Ray).")
+@verbose_option
+def report(run_path, baseline, out_dir, task, storage_options, address, verbose):
+    """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors."""
+    from pathlib import Path
+
+    from pipeline.jobs.load import parse_override
+    from pipeline.jobs.report import build_report, result_line, write_report
+    from pipeline.jobs.run import connect_ray
+
+    options = {}
+    for item in storage_options:
+        path, value = parse_override(item)
+        options[".".join(path)] = value
+    if out_dir is None:
+        out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"
+    connect_ray(address, verbose=verbose)
+    try:
+        summary, numeric = build_report(run_path, baseline=baseline, task=task, storage_options=options)
+    except FileNotFoundError as exc:
+        raise click.UsageError(str(exc)) from exc
+    for path in write_report(summary, numeric, out_dir):
+        click.echo(f"wrote {path}")
+    click.echo(result_line(summary))
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
+
+
+def _positive_ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"expected whole numbers separated by commas, got {text!r}",
+                                 param_hint=option) from exc
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"expected whole numbers >= 1, got {text!r}", param_hint=option)
+    return values
+
+
+@click.command()
+@click.argument("job_file", type=click.Path())
+@click.option("--fallback", default="0.2,0.4,0.6", show_default=True, help="alpha_FB values, comma-separated.")
+@click.option("--rollback", default="2,3,5", show_default=True, help="alpha_RB values, comma-separated.")
+@click.option("--window", default=None, help="max_draft_tokens values, comma-separated: a third grid axis "
+              "(points then end in _w<N>; default: the job's window only).")
+@override_option
+@click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
+              "for a local output, else ./sweep).")
+@click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
+@verbose_option
+def sweep(job_file, fallback, rollback, window, overrides, out_dir, address, verbose):
+    """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small`; map latency vs quality."""
+    from pathlib import Path
+
+    from pipeline.jobs.sweep import run_sweep, write_sweep
+
+    windows = _positive_ints(window, "--window") if window is not None else None
+    job = _load_job_or_exit(job_file, overrides)
+    summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
+                                          address=address, windows=windows, verbose=verbose, progress=True)
+    if out_dir is None:
+        out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
+    for path in write_sweep(table, job.task, out_dir, job.name):
+        click.echo(f"wrote {path}")
+    click.echo(summary.to_text())
+
+
+@click.command()
+@click.argument("sweep_json", type=click.Path(exists=True, dir_okay=False))
+@click.option("--max-drop", type=float, default=0.5, show_default=True,
+              help="Quality budget: at most this far below `large` on the sweep's metric.")
+@click.option("--metric", default=None, help="Metric to budget (default: the sweep's, bleu or rougeL).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
+              help="Decoding preset to write, e.g. configs/decoding/demo_tuned.yaml.")
+def tune(sweep_json, max_drop, metric, out_file):
+    """Pick the fastest sweep point within a quality budget and write it as a decoding preset."""
+    from pathlib import Path
+
+    from pipeline.jobs.sweep import pick_point, preset_yaml
+
+    data = json.loads(Path(sweep_json).read_text())
+    metric = metric or data["metric"]
+    try:
+        point = pick_point(data["points"], metric, max_drop)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    Path(out_file).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_file).write_text(preset_yaml(point, metric, max_drop, sweep_json))
+    click.echo(f"{point['point']}: {metric} {point[metric]:.2f}, speedup {point.get('speedup_vs_large') or 0:.2f}x "
+               f"-> {out_file}")
+

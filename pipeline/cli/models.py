@@ -1,0 +1,123 @@
+"""Commands on model pairs: ``generate`` (decode a few texts), ``align`` (fine-tune the small model on the
+large one's outputs) and ``tiny-pair`` (random pairs for trying things out)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pipeline.cli.options import decoding_config, decoding_options, model_options
+
+
+def load_pair(small: str, large: str, tokenizer: str | None, dtype: str, device: str, trust_remote_code: bool,
+              engine: str = "auto"):
+    """The ModelPair, or exit 2 when the models cannot be loaded or do not fit together."""
+    from pipeline.decoding import IncompatiblePairError, ModelPair
+
+    try:
+        return ModelPair.from_pretrained(
+            small, large, tokenizer=tokenizer, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+            engine=engine,
+        )
+    except IncompatiblePairError as exc:
+        raise click.UsageError(f"incompatible model pair: {exc}") from exc
+    except OSError as exc:
+        raise click.UsageError(f"cannot load the model pair: {exc}") from exc
+
+
+@click.command()
+@model_options
+@decoding_options
+@click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
+@click.argument("texts", nargs=-1, required=True)
+def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, prompt, as_json, texts, **options):
+    """Decode TEXTS with a small/large pair and print each output with its statistics."""
+    from pipeline.decoding import Generator
+
+    config = decoding_config(options)
+    pair = load_pair(small, large, tokenizer, dtype, device, trust_remote_code, engine)
+    inputs = [prompt.format(text=text) if prompt else text for text in texts]
+    results = Generator(pair, config).generate(inputs)
+    failed = False
+    for text, result in zip(texts, results):
+        record = {"input": text, **result.to_record()}
+        failed |= result.error is not None
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+            continue
+        click.echo(f"input:      {text}")
+        if result.error:
+            click.echo(f"error:      {result.error}")
+        else:
+            click.echo(f"prediction: {result.prediction}")
+        stats = result.stats
+        small_share = stats.small_tokens / stats.output_tokens if stats.output_tokens else 0.0
+        click.echo(
+            f"stats:      method={result.method} input_tokens={result.input_tokens} truncated={result.truncated} "
+            f"output_tokens={stats.output_tokens} small_tokens={stats.small_tokens} ({small_share:.0%}) "
+            f"large_tokens={stats.large_tokens} fallbacks={stats.fallbacks} rollbacks={stats.rollbacks} "
+            f"small_calls={stats.small_calls} large_calls={stats.large_calls} latency_ms={result.latency_ms:.1f}"
+        )
+    sys.exit(1 if failed else 0)
+
+
+@click.command()
+@click.option("--small", required=True, help="Small model to align (hub id or local folder).")
+@click.option("--large", required=True, help="Large model whose greedy outputs are the targets.")
+@click.option("--data", "data", required=True, type=click.Path(exists=True),
+              help="Calibration inputs: a text file with one input per line, or a folder with train.<--src-lang>.")
+@click.option("--src-lang", default="de", show_default=True, help="With a folder: which train.* file to read.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Work folder; the aligned model ends up in OUT/small-aligned-best.")
+@click.option("--prompt", default=None, help='Prefix for every input, e.g. "translate German to English: ".')
+@click.option("--limit", type=int, default=None, help="Use only the first N inputs.")
+@click.option("--epochs", type=float, default=2.0, show_default=True)
+@click.option("--lr", type=float, default=5e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--loss", type=click.Choice(["labels", "distill"]), default="labels", show_default=True,
+              help="labels: LARGE's output tokens; distill: LARGE's whole next-token distribution at each "
+                   "of them (KL; also aligns the small model's confidence, which fallback reads).")
+def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed, device, threads, loss):
+    """BiLD prediction alignment (paper section 3.4): fine-tune SMALL on LARGE's greedy outputs."""
+    from pathlib import Path
+
+    from pipeline.training.align import align_small_model
+
+    path = Path(data)
+    source = path / f"train.{src_lang}" if path.is_dir() else path
+    if not source.is_file():
+        raise click.UsageError(f"--data {data}: no {source.name} there")
+    texts = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
+    aligned = align_small_model(small, large, texts, out_dir, prompt=prompt, epochs=epochs, lr=lr, seed=seed,
+                                device=device, threads=threads, distill=loss == "distill")
+    click.echo(f"aligned small model: {aligned}")
+
+
+@click.command("tiny-pair")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--shape", type=click.Choice(["t5", "opus-mt", "bart-opus-mt", "nllb"]), default=None,
+              help="Instead of a tiny pair: random weights at real checkpoints' shapes, for speed checks "
+                   "(t5: T5-small/T5-large; opus-mt: Marian 6+6, d 512 and a 1-layer-decoder drafter; "
+                   "nllb: NLLB-200 600M/3.3B).")
+@click.option("--family", type=click.Choice(["t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama"]), default="t5",
+              show_default=True, help="nllb: NLLB's architecture (M2M100).")
+@click.option("--small-kind", type=click.Choice(["noisy", "independent"]), default="noisy", show_default=True,
+              help="noisy: a noisy copy of the large model (agrees often); independent: another random model.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def tiny_pair(out_dir, shape, family, small_kind, seed):
+    """Build a tiny random pair (offline) into OUT_DIR/small and OUT_DIR/large, for trying things out."""
+    if shape is not None:
+        from pipeline.random_pairs import save_shaped_pair
+
+        small, large = save_shaped_pair(out_dir, shape, seed=seed)
+        click.echo(f"small: {small}\nlarge: {large}")
+        return
+    from pipeline.tiny import save_pair
+
+    small, large = save_pair(out_dir, family, small=small_kind, seed=seed)
+    click.echo(f"small: {small}\nlarge: {large}")

@@ -1,0 +1,65 @@
+"""Options that several commands share, and the one helper that applies a group of them."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.decoding.config import DRAFT_WINDOWS, ENGINES, METHODS, DecodingConfig
+
+
+def options(*specs):
+    """One decorator applying several click options, listed in the order ``--help`` shows them."""
+    def apply(function):
+        for option in reversed(specs):
+            function = option(function)
+        return function
+    return apply
+
+
+override_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+                               help="Override a job key.")
+
+engine_option = click.option(
+    "--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+    help="auto/native: our own forward pass where the architecture has one (T5 family), else Hugging Face's "
+         "modules (logged); hf: always Hugging Face's.")
+
+model_options = options(
+    click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),
+    click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
+    click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
+    click.option("--dtype", default="float32", show_default=True,
+                 type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"])),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
+    click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
+    engine_option,
+)
+
+_defaults = DecodingConfig()
+
+# One option per DecodingConfig field, with the job file's names; decoding_config() reads them back.
+decoding_options = options(
+    click.option("--method", type=click.Choice(METHODS), default=_defaults.method, show_default=True),
+    click.option("--fallback-threshold", type=float, default=_defaults.fallback_threshold, show_default=True,
+                 help="alpha_FB: the small model falls back when its top probability is below this."),
+    click.option("--rollback-threshold", type=float, default=_defaults.rollback_threshold, show_default=True,
+                 help="alpha_RB: a draft with -log pL above this (and not the large model's choice) rolls back."),
+    click.option("--max-draft-tokens", type=int, default=_defaults.max_draft_tokens, show_default=True),
+    click.option("--draft-window", type=click.Choice(DRAFT_WINDOWS), default=_defaults.draft_window,
+                 show_default=True, help="speculative only: fixed k, or BiLD's fallback window."),
+    click.option("--max-input-tokens", type=int, default=_defaults.max_input_tokens, show_default=True),
+    click.option("--max-new-tokens", type=int, default=_defaults.max_new_tokens, show_default=True),
+    click.option("--do-sample/--greedy", default=_defaults.do_sample, show_default=True),
+    click.option("--temperature", type=float, default=_defaults.temperature, show_default=True),
+    click.option("--top-p", type=float, default=_defaults.top_p, show_default=True),
+    click.option("--seed", type=int, default=_defaults.seed, show_default=True),
+)
+
+
+def decoding_config(values: dict) -> DecodingConfig:
+    """The DecodingConfig from a command's option values (the others are ignored); bad settings exit 2."""
+    fields = DecodingConfig.__dataclass_fields__
+    try:
+        return DecodingConfig(**{key: value for key, value in values.items() if key in fields})
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
