@@ -10,7 +10,7 @@ import click
 
 from pipeline.cli.models import load_pair
 from pipeline.cli.options import engine_option, options
-from pipeline.decoding.config import DecodingConfig
+from pipeline.decoding.config import DecodingConfig, ModelSpec
 
 
 @click.command("bench-loop")
@@ -44,7 +44,7 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
         pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
         described = "tiny random T5 pair (noisy small copy), built in memory"
     else:
-        pair = load_pair(small, large, None, dtype, device, False, engine)
+        pair = load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
         described = f"small={small} large={large}"
     texts = [line for line in _BENCH_TEXTS][:num_inputs]
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
@@ -161,7 +161,7 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
         pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
     else:
-        pair = load_pair(small, large, None, dtype, device, False, engine)
+        pair = load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
     texts = (Path(source).read_text(encoding="utf-8").splitlines() if source else list(_BENCH_TEXTS))[:limit]
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
     if prompt:

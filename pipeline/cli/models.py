@@ -9,18 +9,15 @@ import sys
 import click
 
 from pipeline.cli.options import decoding_config, decoding_options, model_options
+from pipeline.decoding.config import ModelSpec
 
 
-def load_pair(small: str, large: str, tokenizer: str | None, dtype: str, device: str, trust_remote_code: bool,
-              engine: str = "auto"):
+def load_pair(spec: ModelSpec):
     """The ModelPair, or exit 2 when the models cannot be loaded or do not fit together."""
     from pipeline.decoding import IncompatiblePairError, ModelPair
 
     try:
-        return ModelPair.from_pretrained(
-            small, large, tokenizer=tokenizer, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-            engine=engine,
-        )
+        return ModelPair.from_spec(spec)
     except IncompatiblePairError as exc:
         raise click.UsageError(f"incompatible model pair: {exc}") from exc
     except OSError as exc:
@@ -38,7 +35,7 @@ def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, 
     from pipeline.decoding import Generator
 
     config = decoding_config(options)
-    pair = load_pair(small, large, tokenizer, dtype, device, trust_remote_code, engine)
+    pair = load_pair(ModelSpec(small, large, tokenizer, dtype, device, trust_remote_code, engine))
     inputs = [prompt.format(text=text) if prompt else text for text in texts]
     results = Generator(pair, config).generate(inputs)
     failed = False

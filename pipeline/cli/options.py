@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.decoding.config import DRAFT_WINDOWS, ENGINES, METHODS, DecodingConfig
+from pipeline.decoding.config import DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, DecodingConfig
 
 
 def options(*specs):
@@ -29,7 +29,7 @@ model_options = options(
     click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
     click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
     click.option("--dtype", default="float32", show_default=True,
-                 type=click.Choice(["auto", "float32", "bfloat16", "float16", "float64"])),
+                 type=click.Choice(DTYPE_NAMES)),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
     click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
     engine_option,
