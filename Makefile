@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 TORCH_CPU  ?= torch==2.13.0
 TORCH_CPU_ARGS ?=
 
-.PHONY: setup demo test bench gpu-check clean
+.PHONY: setup demo test test-fast bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The loop for someone changing the decoding or the jobs layer: their tests without Ray and without
+# the slow end-to-end cases, on two workers. `make test` (what CI runs) still runs everything.
+test-fast: setup
+	$(PY) -m pytest -q -n 2 -m "not slow" tests/decoding tests/jobs
 
 bench: setup
 	$(VENV)/bin/bild-pipeline bench-loop

@@ -3,7 +3,7 @@
     make gpu-check                                          # CUDA torch (make setup), then this script
     python scripts/gpu_check.py --device cpu --quick --out runs/gpu-check-cpu   # the same code on the CPU (CI)
 
-1. the device tests (``pytest -m gpu tests/test_gpu.py`` with BILD_TEST_DEVICE set): the native and
+1. the device tests (``pytest -m gpu tests/decoding/test_gpu.py`` with BILD_TEST_DEVICE set): the native and
    the Hugging Face engine on the device in bfloat16 and float16;
 2. ``bench`` (batch 1, with --compare-engines) and ``bench-batch`` (batch 1, 8, 32) on the demo
    pair and on random pairs at T5-small/T5-large and NLLB-200 600M/3.3B shapes
@@ -66,7 +66,7 @@ def load_pair(name: str, device: torch.device, dtype: torch.dtype, quick: bool) 
 def device_tests(device: torch.device) -> dict:
     started = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                          "tests/test_gpu.py"], cwd=ROOT, capture_output=True, text=True,
+                          "tests/decoding/test_gpu.py"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "BILD_TEST_DEVICE": str(device)})
     lines = [line for line in run.stdout.splitlines() if line.strip()]
     return {"passed": run.returncode == 0, "summary": lines[-1] if lines else run.stderr[-500:],

@@ -18,9 +18,9 @@ import yaml
 from pipeline.io.storage import InputError, open_filesystem, output_files, read_output_table
 from pipeline.jobs import JobConfig, load_job
 from pipeline.jobs.run import OutputExistsError, run_job
+from support import REPO
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
              "Kinder bauen eine Sandburg.", "Ein Mann fährt Rad.", "Musiker spielen auf der Bühne."]
 
@@ -188,8 +188,8 @@ def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job.model_dump()))
     command = [sys.executable, "-m", "pipeline.cli", "run", str(job_file)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     data_dir = tmp_path / "out" / "data"
     deadline = time.time() + 300  # Ray start-up and model loading are slow on a loaded 2-core machine
@@ -201,7 +201,7 @@ def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     assert 0 < written < len(ids), f"the job should have been interrupted part-way ({written} rows)"
     (data_dir / "torn-write.parquet").write_bytes(b"PAR1 cut off")  # a file whose write was cut off
 
-    result = subprocess.run(command + ["--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command + ["--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["skipped_existing"] == written and summary["decoded_now"] == len(ids) - written

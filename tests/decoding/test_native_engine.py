@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
-from conftest import TEXTS
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import native_unsupported_reason, native_weights
 from pipeline.decoding.native import NativeEngine
 from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, build_model, byte_tokenizer, noisy_copy
+from support.pairs import TEXTS
+from support import REPO
 
 SHAPES = {
     "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
@@ -213,18 +214,15 @@ def test_the_demo_pair_decodes_the_same_on_both_engines(demo_pair_paths):
 
 def demo_sentences(count: int) -> list[str]:
     import pyarrow.parquet as pq
-    from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "multi30k_sample"
+    folder = REPO / "data" / "multi30k_sample"
     table = pq.read_table(folder / "test_2016_flickr.parquet")
     return table.column("de").to_pylist()[:count]
 
 
 @pytest.fixture(scope="module")
 def demo_pair_paths():
-    from pathlib import Path
-
-    models = Path(__file__).resolve().parents[1] / "models" / "demo-de-en"
+    models = REPO / "models" / "demo-de-en"
     return str(models / "small-aligned"), str(models / "large")
 
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DynamicCache, Enc
 
 from pipeline.bench_ct2 import CT2Model, available
 from pipeline.tiny import EOS, save_pair
+from support import REPO
 
 pytest.importorskip("ctranslate2")
 
@@ -22,9 +23,8 @@ TEXTS = [
     "Kinder bauen eine Sandburg am Strand.",
     "Ja.",
 ]
-ROOT = Path(__file__).resolve().parents[1]
-DEMO_LARGE = ROOT / "models" / "demo-de-en" / "large"
-DEMO_SOURCES = ROOT / "data" / "multi30k_sample" / "test_2016_flickr.parquet"
+DEMO_LARGE = REPO / "models" / "demo-de-en" / "large"
+DEMO_SOURCES = REPO / "data" / "multi30k_sample" / "test_2016_flickr.parquet"
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Scheduler, bild_verify, fallback, greedy_match_verify
-from scripted import EOS, VOCAB, ScriptedEngine, peaked
+from support.scripted import EOS, VOCAB, ScriptedEngine, peaked
 
 START = 0
 TARGET = [3, 4, 5, 6, 7, 2, 3, EOS]  # the large model's greedy output

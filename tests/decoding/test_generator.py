@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TEXTS, tiny_pair
 from pipeline.decoding import DecodingConfig, Generator, IncompatiblePairError, ModelPair
 from pipeline.tiny import build_model, byte_tokenizer, save_pair
+from support.pairs import TEXTS, tiny_pair
 
 DESIGN_COLUMNS = {"prediction", "error", "method", "input_tokens", "truncated", "output_tokens", "small_tokens",
                   "large_tokens", "fallbacks", "rollbacks", "small_calls", "large_calls", "latency_ms"}
@@ -94,7 +94,7 @@ def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass(engine, mo
     """A shrunk small model (pipeline/training/shrink.py) keeps the large encoder: it runs once."""
     import dataclasses
 
-    from conftest import TEXTS, tiny_pair
+    from support.pairs import TEXTS, tiny_pair
     from pipeline.decoding.models import ModelPair
     from pipeline.decoding.scheduler import BatchPolicy
     from pipeline.decoding.t5_engine import T5Weights

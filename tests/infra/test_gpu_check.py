@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_on_the_cpu_and_writes_its_table(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())

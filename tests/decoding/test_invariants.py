@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from conftest import TEXTS, tiny_pair
 from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import Engine
 from pipeline.decoding.sampling import RowSampler
 from pipeline.decoding.t5_engine import T5Weights
-from reference import next_token_logits, reference_bild
+from support.pairs import TEXTS, tiny_pair
+from support.reference import next_token_logits, reference_bild
 
 FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
 MAX_NEW = 32

@@ -19,15 +19,15 @@ from click.testing import CliRunner
 
 from pipeline.jobs import JobConfig, JobFileError, load_job
 from pipeline.jobs.presets import merge_presets
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
-PRESETS = sorted((ROOT / "configs").rglob("*.yaml"))
+JOBS = sorted((REPO / "jobs").glob("*.yaml"))
+PRESETS = sorted((REPO / "configs").rglob("*.yaml"))
 # The presets that carry the paper's Table 1 (others, e.g. written by `bild-pipeline tune`, may join them).
 PAPER_PRESET = re.compile(r"^(cnn_dm|xsum|wmt14_de_en|iwslt17_de_en)_(aligned|unaligned)_(quality|fast)$")
 PAPER_PRESETS = [path for path in PRESETS if PAPER_PRESET.match(path.stem)]
-SAMPLE = ROOT / "data" / "cnn_dm_sample" / "test.parquet"
-FRANK = ROOT.parent / "shared" / "data" / "cnndm_frank_test" / "frank_cnndm_test.jsonl"
+SAMPLE = REPO / "data" / "cnn_dm_sample" / "test.parquet"
+FRANK = REPO.parent / "shared" / "data" / "cnndm_frank_test" / "frank_cnndm_test.jsonl"
 
 # The paper's Table 1 (Kim et al. 2023), (rollback, fallback) per task, alignment and operating point,
 # as the preset files must carry it (sources are named in each file).
@@ -71,7 +71,7 @@ def load_job_data(data: dict, overrides=()) -> JobConfig:
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -105,7 +105,7 @@ def test_every_job_validates_with_its_presets(path, tmp_path):
 @pytest.mark.parametrize("name", sorted(PAPER_JOBS))
 def test_paper_jobs(name, tmp_path):
     task, small, large = PAPER_JOBS[name]
-    path = ROOT / "jobs" / f"{name}.yaml"
+    path = REPO / "jobs" / f"{name}.yaml"
     job = load_catalog_job(path, ["output.path=s3://elsewhere/run/"], tmp_dir=tmp_path)
     assert job.task == task
     assert (job.models.small, job.models.large) == (small, large)
@@ -184,12 +184,12 @@ def test_cnn_dm_sample_job_end_to_end(ray_local, saved_tiny_pair, tmp_path, monk
     from pipeline.io.storage import read_manifest, open_filesystem, read_output_table
     from pipeline.jobs.run import run_job
 
-    monkeypatch.chdir(ROOT)  # the job's input path is relative to the repository root
+    monkeypatch.chdir(REPO)  # the job's input path is relative to the repository root
     small, large = saved_tiny_pair
     out = tmp_path / "run"
     overrides = [f"models.small={small}", f"models.large={large}", "models.device=cpu",
                  f"output.path={out}", "output.mode=overwrite", "input.limit=6", "decoding.max_new_tokens=8"]
-    job = load_catalog_job(ROOT / "jobs" / "cnn_dm_sample.yaml", overrides, tmp_dir=tmp_path)
+    job = load_catalog_job(REPO / "jobs" / "cnn_dm_sample.yaml", overrides, tmp_dir=tmp_path)
     summary = run_job(job)
     assert summary.decoded_now == 6 and summary.records_in_output == 6
 
@@ -220,8 +220,8 @@ def test_mirror_flattens_translation_pairs_with_stable_ids():
         {"id": "wmt14-de-en-test-000001", "de": "Zwei.", "en": "Two."},
     ]
     for name in ("wmt14", "iwslt17"):
-        job = load_job_data(merge_presets(raw(ROOT / "jobs" / f"{name}_de_en.yaml"),
-                                          ROOT / "jobs" / f"{name}_de_en.yaml"))
+        job = load_job_data(merge_presets(raw(REPO / "jobs" / f"{name}_de_en.yaml"),
+                                          REPO / "jobs" / f"{name}_de_en.yaml"))
         assert set(flat.schema.names) == {job.input.id_column, job.input.text_column, job.input.reference_column}
 
 
@@ -254,6 +254,6 @@ def test_a_preset_written_by_tune_is_a_preset(tmp_path):
     preset = tmp_path / "configs" / "decoding" / "tuned.yaml"
     preset.parent.mkdir(parents=True)
     preset.write_text(sweep.preset_yaml(point, "rougeL", 0.5, "sweep.json"), encoding="utf-8")
-    data = {**raw(ROOT / "jobs" / "cnn_dm_sample.yaml"), "presets": ["../configs/decoding/tuned.yaml"]}
+    data = {**raw(REPO / "jobs" / "cnn_dm_sample.yaml"), "presets": ["../configs/decoding/tuned.yaml"]}
     job = load_job_data(merge_presets(data, tmp_path / "jobs" / "job.yaml"))
     assert (job.decoding.fallback_threshold, job.decoding.rollback_threshold) == (0.4, 3.0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TEXTS, tiny_pair
 from pipeline.benchmark import HF, OURS, render_markdown, run_bench
 from pipeline.decoding import DecodingConfig
+from support.pairs import TEXTS, tiny_pair
 
 
 def test_bench_runs_every_method_side_by_side():

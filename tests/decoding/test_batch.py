@@ -8,16 +8,15 @@ batched speculative sampling keeps the large model's distribution (with a negati
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from conftest import TEXTS, tiny_pair
 from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.models import build_engine
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, Scheduler, _Row, decode_batch, scheduler_for
-from test_distribution import P_FLOOR, SOURCE, VOCAB, prefix_for, tiny_vocab_pair, two_token_distribution
+from support.distributions import P_FLOOR, SOURCE, VOCAB, prefix_for, tiny_vocab_pair, two_token_distribution
+from support.pairs import TEXTS, tiny_pair
 
 FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
 MAX_NEW = 24
@@ -197,38 +196,3 @@ def test_policy_rejects_nonsense():
     for bad in (dict(batch_size=0), dict(verify_share=0.0), dict(verify_share=1.5), dict(refill_share=0)):
         with pytest.raises(ValueError):
             BatchPolicy(**bad)
-
-
-def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(saved_tiny_pair):
-    import pyarrow as pa
-
-    from pipeline.decoding import ModelSpec
-    from pipeline.stage import DecodeStage, DecodeStageSpec
-
-    small, large = saved_tiny_pair
-    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
-    records = pa.table({"id": [f"r{i}" for i in range(8)], "text": INPUTS, "reference": ["x"] * 8,
-                        "input_error": [None] * 7 + ["unreadable"]})
-    tables = {}
-    for size in (1, 4):
-        spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", config),),
-                               prompt=None, job_name="t", config_hash="h", batch_size=size)
-        tables[size] = DecodeStage(spec)(records).to_pylist()
-    one, batched = tables[1], tables[4]
-    assert [r["id"] for r in batched] == [r["id"] for r in one]
-    same = ("prediction", "error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
-            "small_calls", "large_calls", "draft_tokens")
-    assert [[r[k] for k in same] for r in batched] == [[r[k] for k in same] for r in one]
-    assert batched[-1]["error"] == "unreadable"
-    assert all(r["latency_ms"] > 0 for r in batched[:-1])
-
-
-def test_job_compute_keys_map_onto_the_batch_policy():
-    from pipeline.jobs.schema import ComputeSection
-
-    compute = ComputeSection()
-    assert compute.verify_share == BatchPolicy().verify_share
-    assert compute.records_per_actor_call() == 4 * compute.batch_size
-    assert ComputeSection(batch_size=16, records_per_call=100).records_per_actor_call() == 100
-    with pytest.raises(ValueError, match="verify_share"):
-        ComputeSection(verify_share=0)

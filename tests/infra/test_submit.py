@@ -28,8 +28,8 @@ from pipeline.cluster.auth import TokenFileError, resolve_token
 from pipeline.cluster.entrypoint import entrypoint_for, redact_entrypoint
 from pipeline.cluster.jobs_client import JobsClient
 from pipeline.cluster.package import PackageError, runtime_env_for, stage_package
+from support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 JOB_YAML = """\
 name: submit-test

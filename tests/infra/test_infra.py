@@ -27,9 +27,9 @@ from packaging.specifiers import SpecifierSet
 
 from pipeline.jobs import JobConfig, apply_overrides
 from pipeline.jobs.presets import merge_presets
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-INFRA = ROOT / "infra"
+INFRA = REPO / "infra"
 MANIFESTS = sorted(INFRA.glob("*.yaml"))
 DOCKERFILE = INFRA / "Dockerfile"
 KUBE_KINDS = {"RayCluster": "ray.io/v1", "RayJob": "ray.io/v1", "CronJob": "batch/v1"}
@@ -90,7 +90,7 @@ def set_overrides(argv: list[str]) -> list[str]:
 def in_repo(image_path: str) -> Path:
     """/app/jobs/x.yaml in the image is jobs/x.yaml here (the Dockerfile copies jobs/ to /app/jobs)."""
     assert image_path.startswith("/app/"), image_path
-    return ROOT / image_path.removeprefix("/app/")
+    return REPO / image_path.removeprefix("/app/")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_pods_use_the_image_and_shared_memory(where, template):
 def test_ray_version_matches_the_image_and_the_package():
     dockerfile = DOCKERFILE.read_text(encoding="utf-8")
     image_ray = re.search(r"^ARG RAY_VERSION=(\S+)$", dockerfile, re.M).group(1)
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     ray_range = next(d for d in pyproject["project"]["dependencies"] if d.startswith("ray"))
     assert image_ray in SpecifierSet(ray_range.split("]", 1)[1]), f"the image's Ray {image_ray} vs {ray_range}"
     for name, spec in ray_cluster_specs():
@@ -215,14 +215,14 @@ def test_secrets_are_referenced_never_written():
 
     for doc in kube_docs():
         walk(doc, check_env)
-    for path in [*MANIFESTS, DOCKERFILE, *sorted((ROOT / "jobs").glob("*.yaml"))]:
+    for path in [*MANIFESTS, DOCKERFILE, *sorted((REPO / "jobs").glob("*.yaml"))]:
         text = path.read_text(encoding="utf-8")
         for pattern in (r"AKIA[0-9A-Z]{16}", r"-----BEGIN [A-Z ]*PRIVATE KEY", r"^kind:\s*Secret\b",
                         r"\bstringData:", r"RAY_AUTH_TOKEN=\S", r"(aws_)?secret(_access)?_key\s*[:=]\s*\S",
                         r"hf_[A-Za-z0-9]{30,}"):
             if re.search(pattern, text, re.M | re.I):
                 problems.append(f"{path.name}: matches {pattern}")
-    for path in sorted((ROOT / "jobs").glob("*.yaml")):
+    for path in sorted((REPO / "jobs").glob("*.yaml")):
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         for section in ("input", "output"):
             assert not (data.get(section) or {}).get("storage_options"), f"{path.name}: credentials via env"
@@ -397,7 +397,7 @@ def test_dockerfile_builds_a_cuda_image_with_the_package():
 
 
 def test_dockerignore_keeps_what_the_image_needs():
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     for needed in ["pyproject.toml", "README.md", "pipeline/cli/__init__.py", "pipeline/jobs/presets.py",
                    "jobs/cnn_dm.yaml", "configs/decoding/cnn_dm_unaligned_quality.yaml",
@@ -425,7 +425,7 @@ def test_dockerfile_python_stage_builds_the_wheel(tmp_path):
         if keyword == "COPY":
             *sources, dest = rest.split()
             for source in sources:
-                origin = ROOT / source
+                origin = REPO / source
                 target = context / dest / (origin.name if dest.endswith("/") and origin.is_file() else "")
                 if origin.is_dir():
                     shutil.copytree(origin, context / dest, ignore=shutil.ignore_patterns("__pycache__"),

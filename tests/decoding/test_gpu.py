@@ -1,7 +1,7 @@
 """Device tests: the engines in half precision on the device that ``BILD_TEST_DEVICE`` names.
 
 ``scripts/gpu_check.py`` runs them (``pytest -m gpu``) on a GPU, and on the CPU in CI through
-tests/test_gpu_check.py; a plain ``make test`` skips them. In bfloat16 and float16 the native and
+tests/infra/test_gpu_check.py; a plain ``make test`` skips them. In bfloat16 and float16 the native and
 the Hugging Face engine round differently, so their tokens may part where two candidates nearly
 tie: on trained models (the demo pair) and on the BART family's tiny models at least 90% of the
 records must come out identical, and the count is printed.
@@ -10,25 +10,25 @@ records must come out identical, and the count is printed.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TEXTS
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.tiny import build_pair
+from support.pairs import TEXTS
+from support import REPO
 
 DEVICE = os.environ.get("BILD_TEST_DEVICE")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not DEVICE, reason="set BILD_TEST_DEVICE (scripts/gpu_check.py does)")]
-MODELS = Path(__file__).resolve().parents[1] / "models" / "demo-de-en"
+MODELS = REPO / "models" / "demo-de-en"
 
 
 def demo_texts(count: int) -> list[str]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(Path(__file__).resolve().parents[1] / "data" / "multi30k_sample" / "test_2016_flickr.parquet")
+    table = pq.read_table(REPO / "data" / "multi30k_sample" / "test_2016_flickr.parquet")
     return table.column("de").to_pylist()[:count]
 
 

@@ -1,0 +1,45 @@
+"""The decoding stage (one model pair per actor, one output row per input row) called directly,
+without Ray, and the job keys that set its batching."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipeline.decoding import BatchPolicy, DecodingConfig, ModelSpec
+from pipeline.jobs.schema import ComputeSection
+from pipeline.stage import DecodeStage, DecodeStageSpec
+from support.pairs import TEXTS
+
+MAX_NEW = 24
+# Inputs of different lengths, so that batched rows finish at different times and others join.
+INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut.",
+                  "Die Sonne scheint.", "Ein alter Mann liest eine Zeitung auf der Bank vor dem Haus."]
+
+
+def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(saved_tiny_pair):
+    small, large = saved_tiny_pair
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    records = pa.table({"id": [f"r{i}" for i in range(8)], "text": INPUTS, "reference": ["x"] * 8,
+                        "input_error": [None] * 7 + ["unreadable"]})
+    tables = {}
+    for size in (1, 4):
+        spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", config),),
+                               prompt=None, job_name="t", config_hash="h", batch_size=size)
+        tables[size] = DecodeStage(spec)(records).to_pylist()
+    one, batched = tables[1], tables[4]
+    assert [r["id"] for r in batched] == [r["id"] for r in one]
+    same = ("prediction", "error", "output_tokens", "small_tokens", "large_tokens", "fallbacks", "rollbacks",
+            "small_calls", "large_calls", "draft_tokens")
+    assert [[r[k] for k in same] for r in batched] == [[r[k] for k in same] for r in one]
+    assert batched[-1]["error"] == "unreadable"
+    assert all(r["latency_ms"] > 0 for r in batched[:-1])
+
+
+def test_job_compute_keys_map_onto_the_batch_policy():
+    compute = ComputeSection()
+    assert compute.verify_share == BatchPolicy().verify_share
+    assert compute.records_per_actor_call() == 4 * compute.batch_size
+    assert ComputeSection(batch_size=16, records_per_call=100).records_per_actor_call() == 100
+    with pytest.raises(ValueError, match="verify_share"):
+        ComputeSection(verify_share=0)
