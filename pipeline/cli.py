@@ -365,7 +365,7 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     """Loop overhead: our `large` loop vs HF generate(), and BiLD bookkeeping vs model time."""
     import torch
 
-    from pipeline.bench_loop import run_loop_bench
+    from pipeline.bench.loop import run_loop_bench
     from pipeline.decoding import ModelPair
 
     if threads:
@@ -438,7 +438,7 @@ def bench(small, large, source, reference, prompt, limit, repeats, max_new_token
     """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
     side (batch 1)."""
 
-    from pipeline.benchmark import render_markdown, run_bench
+    from pipeline.bench.methods import render_markdown, run_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt)
@@ -457,7 +457,7 @@ def _ct2_models(pair, wanted: bool | None):
 
     import torch
 
-    from pipeline import bench_ct2
+    from pipeline.bench import ct2 as bench_ct2
 
     if wanted is False or (wanted is None and not bench_ct2.available()):
         yield None
@@ -523,7 +523,7 @@ def bench_pipeline(small, large, records, repeats):
     import tempfile
     from pathlib import Path
 
-    from pipeline.bench_pipeline import run_pipeline_bench
+    from pipeline.bench.pipeline_job import run_pipeline_bench
 
     with tempfile.TemporaryDirectory() as tmp:
         if small is None or large is None:
@@ -554,7 +554,7 @@ def bench_batch(small, large, source, reference, prompt, limit, repeats, methods
                 engine, with_ct2, out_dir):
     """Batched decoding throughput: tokens/s at several batch sizes, ratios measured in one run."""
 
-    from pipeline.bench_batch import render_markdown, run_batch_bench
+    from pipeline.bench.batch import render_markdown, run_batch_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt)

@@ -18,7 +18,7 @@ import sacrebleu
 import torch
 import yaml
 
-from pipeline.benchmark import cost_model
+from pipeline.bench.methods import cost_model
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, load_model
 from pipeline.decoding.stats import DecodeStats
 

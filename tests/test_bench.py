@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import TEXTS, tiny_pair
-from pipeline.benchmark import HF, OURS, render_markdown, run_bench
+from pipeline.bench.methods import HF, OURS, render_markdown, run_bench
 from pipeline.decoding import DecodingConfig
 
 
@@ -28,8 +28,8 @@ def test_bench_runs_every_method_side_by_side():
 
 
 def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1():
-    from pipeline.bench_batch import render_markdown as render_batch
-    from pipeline.bench_batch import run_batch_bench
+    from pipeline.bench.batch import render_markdown as render_batch
+    from pipeline.bench.batch import run_batch_bench
 
     pair = tiny_pair("t5", "noisy")
     config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
@@ -62,10 +62,10 @@ def test_bench_runs_in_bfloat16(engine):
 def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     """CTranslate2 converts the pair's own checkpoints; greedy, it writes our large model's tokens."""
     pytest.importorskip("ctranslate2")
-    from pipeline.bench_batch import render_markdown as render_batch
-    from pipeline.bench_batch import run_batch_bench
-    from pipeline.bench_ct2 import convert_pair
-    from pipeline.benchmark import CT2
+    from pipeline.bench.batch import render_markdown as render_batch
+    from pipeline.bench.batch import run_batch_bench
+    from pipeline.bench.ct2 import convert_pair
+    from pipeline.bench.methods import CT2
 
     pair = tiny_pair("t5", "noisy")
     ct2 = convert_pair(pair, tmp_path)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import sacrebleu
 import torch
 
-from pipeline.benchmark import sync_device
+from pipeline.bench.methods import sync_device
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
 

@@ -27,7 +27,7 @@ from pipeline.decoding.stats import DecodeStats
 
 OURS = ("large", "small", "bild", "speculative")
 HF = ("hf_generate", "hf_assisted", "hf_assisted_confidence")
-CT2 = ("ct2_large", "ct2_small")  # CTranslate2 on the same checkpoints (pipeline.bench_ct2)
+CT2 = ("ct2_large", "ct2_small")  # CTranslate2 on the same checkpoints (pipeline.bench.ct2)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from pipeline.benchmark import hf_greedy, sync_device
+from pipeline.bench.methods import hf_greedy, sync_device
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 
 

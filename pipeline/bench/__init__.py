@@ -1,0 +1,1 @@
+"""The benchmark commands and their baselines."""
