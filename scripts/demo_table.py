@@ -18,7 +18,7 @@ import sacrebleu
 import torch
 import yaml
 
-from pipeline.bench.methods import cost_model
+from pipeline.bench.cost import cost_model
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, load_model
 from pipeline.decoding.stats import DecodeStats
 

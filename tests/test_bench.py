@@ -4,9 +4,33 @@ from __future__ import annotations
 
 import pytest
 
+
+import torch
+from click.testing import CliRunner
+
 from conftest import TEXTS, tiny_pair
+from pipeline.bench.harness import interleave
 from pipeline.bench.methods import HF, OURS, render_markdown, run_bench
+from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
+
+
+def test_interleave_rotates_the_order_and_keeps_every_result():
+    calls = []
+
+    def method(name):
+        def run(index):
+            calls.append((name, index))
+            return f"{name}{index}"
+        return run
+
+    runs = interleave({name: method(name) for name in "abc"}, inputs=2, repeats=2, device=torch.device("cpu"))
+    assert calls[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the warm-up, outside the measurements
+    measured = [name for name, _ in calls[3:]]
+    assert measured == list("abc" "bca" "cab" "abc")  # the order rotates at every input's turn
+    assert [index for _, index in calls[3:]] == [0, 0, 0, 1, 1, 1] * 2
+    assert runs["b"].last == ["b0", "b1"] and runs["b"].repeats == 2
+    assert len(runs["c"].all_seconds) == 4 and runs["c"].total_seconds == sum(runs["c"].repetition_seconds())
 
 
 def test_bench_runs_every_method_side_by_side():
@@ -21,6 +45,8 @@ def test_bench_runs_every_method_side_by_side():
     assert rows["large"]["speedup_vs_large"] == 1.0
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
+    assert report["bleu_signature"].startswith("nrefs:1|") and "BLEU: sacrebleu nrefs:1|" in render_markdown(report)
+    assert rows["small"]["small_token_share"] == 1.0 and "small_token_share" not in rows["hf_generate"]
     # The cost model's steps were timed between the records (2 inputs x 1 repetition), not after the runs.
     assert report["cost_model"]["samples"] == 2
     assert set(report["cost_model"]["large_verify_s"]) == set(range(1, config.max_draft_tokens + 2))
@@ -104,3 +130,9 @@ def test_bench_compares_the_engines_on_the_same_models():
     gpt2 = tiny_pair("gpt2", "noisy")
     assert "skipped" in run_bench(gpt2, TEXTS[:1], None, config, repeats=1, with_projection=False,
                                   with_engines=True)["engines"]
+
+
+def test_bench_loop_command_reports_both_ratios():
+    result = CliRunner().invoke(main, ["bench-loop", "--inputs", "2", "--repeats", "1", "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    assert "**speed ratio generate/ours**" in result.output and "| identical token ids | True |" in result.output

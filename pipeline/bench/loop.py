@@ -1,8 +1,8 @@
-"""Per-token overhead of the decode loops, measured side by side in one run.
+"""`bild-pipeline bench-loop`: per-token overhead of the decode loops, measured side by side.
 
 Two ratios, each from interleaved repetitions on the same inputs:
 - our plain ``large`` loop against ``model.generate()`` greedy on the same model (>= 1 means
-  ours is at least as fast);
+  ours is at least as fast); both are timed with the encoder, which generate() runs inside;
 - the ``bild`` scheduler's own bookkeeping (everything but the engines' forward passes and
   encoders) as a share of that model time (the target is < 10%).
 """
@@ -10,11 +10,12 @@ Two ratios, each from interleaved repetitions on the same inputs:
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
-from pipeline.bench.methods import hf_greedy, sync_device
+from pipeline.bench.harness import interleave, markdown_table
+from pipeline.bench.hf import hf_greedy
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
+from pipeline.decoding.stats import DecodeStats
 
 
 @dataclass
@@ -38,69 +39,49 @@ class LoopBenchResult:
         return (self.bild_loop_ms - self.bild_forward_ms) / self.bild_forward_ms
 
     def to_markdown(self) -> str:
-        lines = [
-            f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved), tokens per repetition: {self.tokens}",
-            "",
-            "| measure | value |",
-            "|---|---|",
-            f"| our `large` loop, ms/token (median) | {self.ours_ms_per_token:.3f} |",
-            f"| HF `generate()` greedy, ms/token (median) | {self.hf_ms_per_token:.3f} |",
-            f"| **speed ratio generate/ours** (>= 1: ours is as fast or faster) | **{self.speed_vs_generate:.2f}x** |",
-            f"| identical token ids | {self.identical_outputs} |",
-            f"| `bild` loop time, ms (median) | {self.bild_loop_ms:.1f} |",
-            f"| `bild` model forward time, ms (median) | {self.bild_forward_ms:.1f} |",
-            f"| **`bild` bookkeeping / forward time** (target < 10%) | **{100 * self.bookkeeping_share:.1f}%** |",
-            f"| share of `bild` output tokens from the small model | {100 * self.bild_small_share:.1f}% |",
+        rows = [
+            ("our `large` loop, ms/token (median)", f"{self.ours_ms_per_token:.3f}"),
+            ("HF `generate()` greedy, ms/token (median)", f"{self.hf_ms_per_token:.3f}"),
+            ("**speed ratio generate/ours** (>= 1: ours is as fast or faster)", f"**{self.speed_vs_generate:.2f}x**"),
+            ("identical token ids", str(self.identical_outputs)),
+            ("`bild` loop time, ms (median)", f"{self.bild_loop_ms:.1f}"),
+            ("`bild` model forward time, ms (median)", f"{self.bild_forward_ms:.1f}"),
+            ("**`bild` bookkeeping / forward time** (target < 10%)", f"**{100 * self.bookkeeping_share:.1f}%**"),
+            ("share of `bild` output tokens from the small model", f"{100 * self.bild_small_share:.1f}%"),
         ]
-        return "\n".join(lines)
+        head = (f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved, rotating order), "
+                f"tokens per repetition: {self.tokens}")
+        return "\n".join([head, "", *markdown_table(["measure", "value"], rows)])
 
 
 def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int = 3) -> LoopBenchResult:
-    large_config = DecodingConfig(method="large", max_new_tokens=bild.max_new_tokens)
-    large_loop, bild_loop = Generator(pair, large_config), Generator(pair, bild)
+    large_loop = Generator(pair, DecodingConfig(method="large", max_new_tokens=bild.max_new_tokens))
+    bild_loop = Generator(pair, bild)
     encoded = [large_loop.encode(text)[0].to(pair.device) for text in texts]
     engines = (pair.engine("small", 1), pair.engine("large", 1))
-    ours_ms, hf_ms, loop_ms, forward_ms = [], [], [], []
-    identical, tokens, small_tokens, bild_tokens = True, 0, 0, 0
-    for _ in range(repeats):
-        ours = hf = loop = forward = 0.0
-        tokens = 0
-        for input_ids in encoded:  # interleave A and B on every input
-            sync_device(pair.device)
-            t0 = time.perf_counter()  # generate() runs the encoder inside, so ours is timed with it too
-            out = large_loop.decode_ids(input_ids)
-            sync_device(pair.device)
-            t1 = time.perf_counter()
-            reference = hf_greedy(pair, input_ids, bild.max_new_tokens)
-            sync_device(pair.device)
-            t2 = time.perf_counter()
-            ours += t1 - t0
-            hf += t2 - t1
-            tokens += len(out.tokens)
-            identical &= out.tokens == reference[: len(out.tokens)]
 
-            model_before = sum(e.forward_seconds + e.admit_seconds for e in engines)
-            sync_device(pair.device)
-            t3 = time.perf_counter()
-            result = bild_loop.decode_ids(input_ids)
-            sync_device(pair.device)
-            loop += time.perf_counter() - t3
-            forward += sum(e.forward_seconds + e.admit_seconds for e in engines) - model_before
-            small_tokens += result.stats.small_tokens
-            bild_tokens += result.stats.output_tokens
-        ours_ms.append(1000 * ours / tokens)
-        hf_ms.append(1000 * hf / tokens)
-        loop_ms.append(1000 * loop)
-        forward_ms.append(1000 * forward)
+    def model_seconds() -> float:
+        return sum(engine.forward_seconds + engine.admit_seconds for engine in engines)
+
+    def bild_with_model_time(index: int):  # (output, seconds the engines spent on it)
+        before = model_seconds()
+        output = bild_loop.decode_ids(encoded[index])
+        return output, model_seconds() - before
+
+    runs = interleave({"ours": lambda index: large_loop.decode_ids(encoded[index]),
+                       "hf": lambda index: hf_greedy(pair, encoded[index], bild.max_new_tokens),
+                       "bild": bild_with_model_time}, len(encoded), repeats, pair.device)
+    ours, hf, bild_runs = runs["ours"], runs["hf"], runs["bild"]
+    tokens = sum(len(output.tokens) for output in ours.last)  # the same in every repetition (greedy)
+    forward = [sum(seconds for _, seconds in repetition) for repetition in bild_runs.results]
     return LoopBenchResult(
         inputs=len(texts),
         repeats=repeats,
         tokens=tokens,
-        ours_ms_per_token=statistics.median(ours_ms),
-        hf_ms_per_token=statistics.median(hf_ms),
-        identical_outputs=identical,
-        bild_loop_ms=statistics.median(loop_ms),
-        bild_forward_ms=statistics.median(forward_ms),
-        bild_small_share=small_tokens / max(bild_tokens, 1),
+        ours_ms_per_token=statistics.median(1000 * s / tokens for s in ours.repetition_seconds()),
+        hf_ms_per_token=statistics.median(1000 * s / tokens for s in hf.repetition_seconds()),
+        identical_outputs=all(mine.tokens == theirs[: len(mine.tokens)] for mine, theirs in zip(ours.last, hf.last)),
+        bild_loop_ms=statistics.median(1000 * s for s in bild_runs.repetition_seconds()),
+        bild_forward_ms=statistics.median(1000 * s for s in forward),
+        bild_small_share=DecodeStats.total(output.stats for output, _ in bild_runs.last).small_token_share,
     )
-
