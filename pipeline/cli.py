@@ -571,6 +571,30 @@ def bench_batch(small, large, source, reference, prompt, limit, repeats, methods
     _show_report(render_markdown(report), report, out_dir, "bench_batch")
 
 
+@main.command("bench-table1")
+@click.option("--models", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Folder with large/, small/, small-aligned/.")
+@click.option("--source", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--reference", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--preset", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Decoding preset with the chosen thresholds.")
+@click.option("--limit", type=int, default=None)
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True)
+@_ENGINE_OPTION
+@click.option("--out", "out_dir", default=None, help="Write table.md and table.json here.")
+def bench_table1(models, source, reference, preset, limit, max_new_tokens, threads, engine, out_dir):
+    """The paper's Table 1 on our pair: BLEU and speedup of large, small, aligned small and BiLD (unaligned,
+    aligned), side by side (batch 1)."""
+    import torch
+
+    from pipeline.bench.table1 import render_markdown, run_table1
+
+    torch.set_num_threads(threads)
+    report = run_table1(models, source, reference, preset, limit=limit, max_new_tokens=max_new_tokens, engine=engine)
+    _show_report(render_markdown(report), report, out_dir, "table")
+
+
 _BENCH_TEXTS = [
     "Ein Hund läuft über die Wiese.",
     "Zwei Männer spielen Fußball im Park.",

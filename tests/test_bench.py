@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+import json
+import runpy
+import shutil
+import sys
+from pathlib import Path
 
 import torch
 from click.testing import CliRunner
@@ -13,6 +18,7 @@ from pipeline.bench.harness import interleave
 from pipeline.bench.methods import HF, OURS, render_markdown, run_bench
 from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
+from pipeline.tiny import save_pair
 
 
 def test_interleave_rotates_the_order_and_keeps_every_result():
@@ -130,6 +136,32 @@ def test_bench_compares_the_engines_on_the_same_models():
     gpt2 = tiny_pair("gpt2", "noisy")
     assert "skipped" in run_bench(gpt2, TEXTS[:1], None, config, repeats=1, with_projection=False,
                                   with_engines=True)["engines"]
+
+
+def test_table1_command_writes_the_papers_table(tmp_path, capsys, monkeypatch):
+    small, large = save_pair(tmp_path / "models", "t5", small="noisy")
+    shutil.copytree(small, tmp_path / "models" / "small-aligned")
+    (tmp_path / "src.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    (tmp_path / "preset.yaml").write_text("decoding:\n  fallback_threshold: 0.4\n  rollback_threshold: 1.0\n")
+    args = ["--models", str(tmp_path / "models"), "--source", str(tmp_path / "src.txt"), "--reference",
+            str(tmp_path / "ref.txt"), "--preset", str(tmp_path / "preset.yaml"), "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, ["bench-table1", *args])
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    rows = {row["method"]: row for row in table["rows"]}
+    assert list(rows) == ["large", "small", "small (aligned)", "BiLD (unaligned)", "BiLD (aligned)"]
+    assert rows["large"]["speedup_vs_large"] == 1.0 and rows["large"]["small_token_share"] == 0.0
+    assert rows["small"]["small_token_share"] == 1.0 and rows["BiLD (aligned)"]["draft_acceptance"] is not None
+    assert table["decoding"]["rollback_threshold"] == 1.0 and table["cost"]["small_step_s"] > 0
+    markdown = (tmp_path / "out" / "table.md").read_text()
+    assert "| BiLD (aligned) |" in markdown and "BLEU: sacrebleu nrefs:1|" in markdown
+    # The script README.md documents runs the same command.
+    monkeypatch.setattr(sys, "argv", ["demo_table.py", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "demo_table.py"), run_name="__main__")
+    assert done.value.code == 0 and "--preset" in capsys.readouterr().out
 
 
 def test_bench_loop_command_reports_both_ratios():

@@ -9,4 +9,5 @@ engines        `bench --compare-engines`: our native engine against Hugging Face
 loop           `bench-loop`: per-token overhead of the decode loops
 batch          `bench-batch`: throughput of batched decoding per method and batch size
 pipeline_job   `bench-pipeline`: what the Ray pipeline adds over decoding in-process
+table1         `bench-table1`: the paper's Table 1 on our pair
 """
