@@ -39,7 +39,8 @@ COLUMNS = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu"
            "rollbacks_per_100_tokens", "measured_over_predicted"]
 
 
-def _decoder(pair: ModelPair, name: str, bild: DecodingConfig, ct2: dict | None) -> Callable[[torch.Tensor], DecodeOutput]:
+def _decoder(pair: ModelPair, name: str, bild: DecodingConfig,
+             ct2: dict | None) -> Callable[[torch.Tensor], DecodeOutput]:
     """One method as input ids -> DecodeOutput (counters only for ours)."""
     limit = bild.max_new_tokens
     if name in OURS:
@@ -47,9 +48,9 @@ def _decoder(pair: ModelPair, name: str, bild: DecodingConfig, ct2: dict | None)
     if name in CT2:
         model = ct2[name.removeprefix("ct2_")]
         return lambda ids: DecodeOutput(model.generate([ids[0].tolist()], limit)[0])
-    assistant = {"hf_generate": {}, "hf_assisted": {"assistant": pair.small},
-                 "hf_assisted_confidence": {"assistant": pair.small, "confidence": bild.fallback_threshold}}[name]
-    return lambda ids: DecodeOutput(hf_greedy(pair, ids, limit, **assistant))
+    hf_options = {"hf_generate": {}, "hf_assisted": {"assistant": pair.small},
+                  "hf_assisted_confidence": {"assistant": pair.small, "confidence": bild.fallback_threshold}}[name]
+    return lambda ids: DecodeOutput(hf_greedy(pair, ids, limit, **hf_options))
 
 
 def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int,
@@ -59,8 +60,8 @@ def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats
     ``ct2`` holds the CTranslate2 models ({"small": CT2Model, "large": ...}) the ct2_* methods run."""
     encoded = [Generator(pair, bild).encode(text)[0].to(pair.device) for text in texts]
     decoders = {name: _decoder(pair, name, bild, ct2) for name in methods}
-    return interleave({name: (lambda index, decode=decode: decode(encoded[index])) for name, decode in decoders.items()},
-                      len(encoded), repeats, pair.device, between_inputs=between_records)
+    by_index = {name: (lambda index, decode=decode: decode(encoded[index])) for name, decode in decoders.items()}
+    return interleave(by_index, len(encoded), repeats, pair.device, between_inputs=between_records)
 
 
 def summarize_methods(pair: ModelPair, runs: dict[str, Measured], references: list[str] | None) -> list[dict]:
