@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.bench_batch import run_batch_bench  # noqa: E402
-from pipeline.benchmark import run_bench  # noqa: E402
+from pipeline.bench.batch import run_batch_bench  # noqa: E402
+from pipeline.bench.methods import run_bench  # noqa: E402
 from pipeline.decoding import DecodingConfig, ModelPair  # noqa: E402
 from pipeline.decoding.models import resolve_device  # noqa: E402
 

@@ -30,7 +30,7 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     """Loop overhead: our `large` loop vs HF generate(), and BiLD bookkeeping vs model time."""
     import torch
 
-    from pipeline.bench_loop import run_loop_bench
+    from pipeline.bench.loop import run_loop_bench
     from pipeline.decoding import ModelPair
 
     if threads:
@@ -94,7 +94,7 @@ def bench(small, large, source, reference, prompt, limit, repeats, max_new_token
     """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
     side (batch 1)."""
 
-    from pipeline.benchmark import render_markdown, run_bench
+    from pipeline.bench.methods import render_markdown, run_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt)
@@ -113,7 +113,7 @@ def _ct2_models(pair, wanted: bool | None):
 
     import torch
 
-    from pipeline import bench_ct2
+    from pipeline.bench import ct2 as bench_ct2
 
     if wanted is False or (wanted is None and not bench_ct2.available()):
         yield None
@@ -179,7 +179,7 @@ def bench_pipeline(small, large, records, repeats):
     import tempfile
     from pathlib import Path
 
-    from pipeline.bench_pipeline import run_pipeline_bench
+    from pipeline.bench.pipeline_job import run_pipeline_bench
 
     with tempfile.TemporaryDirectory() as tmp:
         if small is None or large is None:
@@ -210,7 +210,7 @@ def bench_batch(small, large, source, reference, prompt, limit, repeats, methods
                 engine, with_ct2, out_dir):
     """Batched decoding throughput: tokens/s at several batch sizes, ratios measured in one run."""
 
-    from pipeline.bench_batch import render_markdown, run_batch_bench
+    from pipeline.bench.batch import render_markdown, run_batch_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt)
@@ -225,6 +225,31 @@ def bench_batch(small, large, source, reference, prompt, limit, repeats, methods
             repeats=repeats, ct2=ct2,
         )
     _show_report(render_markdown(report), report, out_dir, "bench_batch")
+
+
+
+@click.command("bench-table1")
+@click.option("--models", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Folder with large/, small/, small-aligned/.")
+@click.option("--source", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--reference", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--preset", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Decoding preset with the chosen thresholds.")
+@click.option("--limit", type=int, default=None)
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True)
+@engine_option
+@click.option("--out", "out_dir", default=None, help="Write table.md and table.json here.")
+def bench_table1(models, source, reference, preset, limit, max_new_tokens, threads, engine, out_dir):
+    """The paper's Table 1 on our pair: BLEU and speedup of large, small, aligned small and BiLD (unaligned,
+    aligned), side by side (batch 1)."""
+    import torch
+
+    from pipeline.bench.table1 import render_markdown, run_table1
+
+    torch.set_num_threads(threads)
+    report = run_table1(models, source, reference, preset, limit=limit, max_new_tokens=max_new_tokens, engine=engine)
+    _show_report(render_markdown(report), report, out_dir, "table")
 
 
 _BENCH_TEXTS = [

@@ -51,10 +51,9 @@ def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, 
         else:
             click.echo(f"prediction: {result.prediction}")
         stats = result.stats
-        small_share = stats.small_tokens / stats.output_tokens if stats.output_tokens else 0.0
         click.echo(
             f"stats:      method={result.method} input_tokens={result.input_tokens} truncated={result.truncated} "
-            f"output_tokens={stats.output_tokens} small_tokens={stats.small_tokens} ({small_share:.0%}) "
+            f"output_tokens={stats.output_tokens} small_tokens={stats.small_tokens} ({stats.small_token_share:.0%}) "
             f"large_tokens={stats.large_tokens} fallbacks={stats.fallbacks} rollbacks={stats.rollbacks} "
             f"small_calls={stats.small_calls} large_calls={stats.large_calls} latency_ms={result.latency_ms:.1f}"
         )

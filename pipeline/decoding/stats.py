@@ -1,13 +1,17 @@
-"""What decoding one record produced: its tokens and its per-record counters (DESIGN.md §2)."""
+"""What decoding one record produced: its tokens and its per-record counters (DESIGN.md §2),
+and the BiLD rates read from them — defined here once for records, runs and benchmarks alike."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
 class DecodeStats:
-    """Per-record counters; names are DESIGN.md §2 columns (plus draft_tokens)."""
+    """Per-record counters; names are DESIGN.md §2 columns (plus draft_tokens). Added together
+    (``a + b``, ``DecodeStats.total(...)``) they are a run's counters, and the rates below read
+    the same either way."""
 
     output_tokens: int = 0
     small_tokens: int = 0  # final-output tokens written by the small model
@@ -20,6 +24,56 @@ class DecodeStats:
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        return DecodeStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @classmethod
+    def total(cls, stats: Iterable[DecodeStats]) -> DecodeStats:
+        return sum(stats, cls())
+
+    @classmethod
+    def from_sums(cls, sums: dict[str, int]) -> DecodeStats:
+        """Counters from summed output columns; a column not given counts 0."""
+        return cls(**{f.name: int(sums.get(f.name, 0)) for f in fields(cls)})
+
+    # Rates per output token; 0 when nothing was generated.
+    def _per_token(self, count: int) -> float:
+        return count / self.output_tokens if self.output_tokens else 0.0
+
+    @property
+    def small_token_share(self) -> float:
+        return self._per_token(self.small_tokens)
+
+    @property
+    def fallbacks_per_100_tokens(self) -> float:
+        return 100.0 * self._per_token(self.fallbacks)
+
+    @property
+    def rollbacks_per_100_tokens(self) -> float:
+        return 100.0 * self._per_token(self.rollbacks)
+
+    @property
+    def small_calls_per_token(self) -> float:
+        return self._per_token(self.small_calls)
+
+    @property
+    def large_calls_per_token(self) -> float:
+        return self._per_token(self.large_calls)
+
+    @property
+    def discarded_draft_tokens(self) -> int:
+        """Drafts the large model rejected (or that a rollback dropped): sent, never kept."""
+        return self.draft_tokens - self.small_tokens
+
+    @property
+    def discarded_per_100_tokens(self) -> float:
+        return 100.0 * self._per_token(self.discarded_draft_tokens)
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Share of the drafts sent for verification that were kept; None without drafts."""
+        return self.small_tokens / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass

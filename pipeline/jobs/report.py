@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
 from pipeline.io.storage import arrow_filesystem, data_path, open_filesystem, output_files, read_manifest
 from pipeline.metrics import quality as q
@@ -316,9 +317,11 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     ok = ok.filter(pc.greater(ok["output_tokens"], 0))
     lengths = ok["output_tokens"].to_numpy().astype(float)
     if summary.get("method") in ("bild", "speculative") and len(lengths):
-        made.append(plots.small_share_histogram(ok["small_tokens"].to_numpy() / lengths, out / "small_share.png"))
-        made.append(plots.rates_vs_length(lengths, 100 * ok["fallbacks"].to_numpy() / lengths,
-                                          100 * ok["rollbacks"].to_numpy() / lengths, out / "rates_vs_length.png"))
+        records = [DecodeStats.from_sums(row) for row in
+                   ok.select(["output_tokens", "small_tokens", "fallbacks", "rollbacks"]).to_pylist()]
+        made.append(plots.small_share_histogram([r.small_token_share for r in records], out / "small_share.png"))
+        made.append(plots.rates_vs_length(lengths, [r.fallbacks_per_100_tokens for r in records],
+                                          [r.rollbacks_per_100_tokens for r in records], out / "rates_vs_length.png"))
     series = {summary.get("method") or "run": (lengths, ok["latency_ms"].to_numpy())}
     paired = summary.get("paired_baseline")
     if paired and "baseline_latency_ms" in ok.column_names:

@@ -37,6 +37,7 @@ from pipeline.io.storage import (
 from pipeline.decoding.config import DecodingConfig
 from pipeline.jobs.console import Progress, quiet_ray
 from pipeline.jobs.schema import JobConfig
+from pipeline.metrics.summary import decode_totals
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
@@ -262,11 +263,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
 def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float) -> RunSummary:
     table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
     now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
-    tokens = int(pc.sum(now["output_tokens"]).as_py() or 0) if now.num_rows else 0
-
-    def per_100(column: str) -> float:
-        return 100.0 * int(pc.sum(now[column]).as_py() or 0) / tokens if tokens else 0.0
-
+    totals = decode_totals(now)
     return RunSummary(
         job_name=job.name,
         output_path=job.output.path,
@@ -275,10 +272,10 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         decoded_now=pc.count_distinct(now["id"]).as_py() if now.num_rows else 0,
         skipped_existing=records_in_input - len(decoded),
         errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
-        output_tokens_now=tokens,
+        output_tokens_now=totals.output_tokens,
         wall_seconds=wall_seconds,
-        small_share=int(pc.sum(now["small_tokens"]).as_py() or 0) / tokens if tokens else 0.0,
-        fallbacks_per_100_tokens=per_100("fallbacks"),
-        rollbacks_per_100_tokens=per_100("rollbacks"),
+        small_share=totals.small_token_share,
+        fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
+        rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
         engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -65,6 +66,26 @@ def corpus_scores(task: str, sums: dict[str, np.ndarray], rows: int) -> dict[str
             "chrf": float(_chrf()._compute_score_from_stats(sums["chrf"].tolist()).score),
         }
     return {name: float(sums[name][0] / rows) for name in SUMMARIZATION_METRICS}
+
+
+@dataclass(frozen=True)
+class TranslationScores:
+    """Corpus BLEU and chrF of a list of texts, with the sacrebleu signatures that say how."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+
+
+def translation_scores(hypotheses: Sequence[str], references: Sequence[str]) -> TranslationScores:
+    """BLEU and chrF of detokenized hypotheses, one reference each (sacrebleu's corpus scores)."""
+    if not hypotheses:
+        raise ValueError("no hypotheses to score")
+    statistics = row_statistics("translation", hypotheses, references)
+    scores = corpus_scores("translation", {name: rows.sum(0) for name, rows in statistics.items()}, len(hypotheses))
+    found = signatures("translation")
+    return TranslationScores(scores["bleu"], scores["chrf"], found["bleu"], found["chrf"])
 
 
 def signatures(task: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.decoding.stats import DecodeStats
+
 
 def _sum(table: pa.Table, column: str) -> int:
     return int(pc.sum(table[column]).as_py() or 0) if table.num_rows else 0
@@ -21,21 +23,26 @@ def latency_summary(latencies_ms: np.ndarray) -> dict[str, float]:
     return {"mean": float(latencies_ms.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
+def decode_totals(table: pa.Table) -> DecodeStats:
+    """The DecodeStats counters summed over a table's rows (columns it lacks count 0)."""
+    return DecodeStats.from_sums({name: _sum(table, name) for name in DecodeStats().to_dict()
+                                  if name in table.column_names})
+
+
 def bild_behaviour(table: pa.Table) -> dict[str, float]:
     """How BiLD behaved, over rows decoded without error."""
-    tokens = _sum(table, "output_tokens")
-    if not tokens:
+    totals = decode_totals(table)
+    if not totals.output_tokens:
         return {}
-    discarded = _sum(table, "draft_tokens") - _sum(table, "small_tokens")
     return {
-        "output_tokens": tokens,
-        "small_token_share": _sum(table, "small_tokens") / tokens,
-        "fallbacks_per_100_tokens": 100.0 * _sum(table, "fallbacks") / tokens,
-        "rollbacks_per_100_tokens": 100.0 * _sum(table, "rollbacks") / tokens,
-        "large_calls_per_token": _sum(table, "large_calls") / tokens,
-        "small_calls_per_token": _sum(table, "small_calls") / tokens,
-        "discarded_draft_tokens": discarded,
-        "discarded_per_100_tokens": 100.0 * discarded / tokens,
+        "output_tokens": totals.output_tokens,
+        "small_token_share": totals.small_token_share,
+        "fallbacks_per_100_tokens": totals.fallbacks_per_100_tokens,
+        "rollbacks_per_100_tokens": totals.rollbacks_per_100_tokens,
+        "large_calls_per_token": totals.large_calls_per_token,
+        "small_calls_per_token": totals.small_calls_per_token,
+        "discarded_draft_tokens": totals.discarded_draft_tokens,
+        "discarded_per_100_tokens": totals.discarded_per_100_tokens,
     }
 
 

@@ -8,6 +8,6 @@ Modules:
                one decoder layer, weights copied), then only its decoder is fine-tuned
   train        the resumable training loop (checkpoints, val BLEU, best export)
   align        BiLD prediction alignment (paper section 3.4) for any HF seq2seq pair
-  evaluate     greedy corpus BLEU with sacrebleu, per-token decode cost
+  evaluate     greedy corpus BLEU (metrics.quality), per-token decode cost
 Run ``python -m pipeline.training --help``.
 """

@@ -1,4 +1,4 @@
-"""Greedy corpus BLEU (sacrebleu, detokenized output) and per-token decode cost."""
+"""Greedy corpus BLEU (metrics.quality: sacrebleu, detokenized output) and per-token decode cost."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from pipeline.decoding.models import load_model as _load_any_model
+from pipeline.metrics.quality import signatures, translation_scores
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu"):
@@ -45,15 +46,9 @@ def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None
     return out  # type: ignore[return-value]
 
 
-def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
-    import sacrebleu
-
-    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
-
-
 def bleu_of(model, tokenizer, sources: list[str], references: list[str], **kw) -> tuple[float, list[str]]:
     hyps = greedy_translate(model, tokenizer, sources, **kw)
-    return corpus_bleu(hyps, references), hyps
+    return translation_scores(hyps, references).bleu, hyps
 
 
 @torch.inference_mode()
@@ -127,7 +122,8 @@ def evaluate_exports(export_dir: str | Path, data_dir: str | Path, *, split: str
     names = [n for n in ("large", "small", "small-aligned") if (export_dir / n).exists()]
     models = {n: load_model(export_dir / n, "cpu") for n in names}
     tok = AutoTokenizer.from_pretrained(str(export_dir / names[0]))
-    report: dict = {"split": split, "sentences": len(src), "threads": threads, "models": {}}
+    report: dict = {"split": split, "sentences": len(src), "threads": threads,
+                    "bleu_signature": signatures("translation")["bleu"], "models": {}}
     hyps = {}
     for n, m in models.items():
         t0 = time.time()

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import runpy
+import shutil
+import sys
 
-from pipeline.benchmark import HF, OURS, render_markdown, run_bench
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pipeline.bench.harness import interleave
+from pipeline.bench.methods import HF, OURS, render_markdown, run_bench
+from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
+from pipeline.tiny import save_pair
+from support import REPO
 from support.pairs import TEXTS, tiny_pair
+
+
+def test_interleave_rotates_the_order_and_keeps_every_result():
+    calls = []
+
+    def method(name):
+        def run(index):
+            calls.append((name, index))
+            return f"{name}{index}"
+        return run
+
+    runs = interleave({name: method(name) for name in "abc"}, inputs=2, repeats=2, device=torch.device("cpu"))
+    assert calls[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the warm-up, outside the measurements
+    measured = [name for name, _ in calls[3:]]
+    assert measured == list("abc" "bca" "cab" "abc")  # the order rotates at every input's turn
+    assert [index for _, index in calls[3:]] == [0, 0, 0, 1, 1, 1] * 2
+    assert runs["b"].last == ["b0", "b1"] and runs["b"].repeats == 2
+    assert len(runs["c"].all_seconds) == 4 and runs["c"].total_seconds == sum(runs["c"].repetition_seconds())
 
 
 def test_bench_runs_every_method_side_by_side():
@@ -21,6 +50,8 @@ def test_bench_runs_every_method_side_by_side():
     assert rows["large"]["speedup_vs_large"] == 1.0
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
+    assert report["bleu_signature"].startswith("nrefs:1|") and "BLEU: sacrebleu nrefs:1|" in render_markdown(report)
+    assert rows["small"]["small_token_share"] == 1.0 and "small_token_share" not in rows["hf_generate"]
     # The cost model's steps were timed between the records (2 inputs x 1 repetition), not after the runs.
     assert report["cost_model"]["samples"] == 2
     assert set(report["cost_model"]["large_verify_s"]) == set(range(1, config.max_draft_tokens + 2))
@@ -28,8 +59,8 @@ def test_bench_runs_every_method_side_by_side():
 
 
 def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1():
-    from pipeline.bench_batch import render_markdown as render_batch
-    from pipeline.bench_batch import run_batch_bench
+    from pipeline.bench.batch import render_markdown as render_batch
+    from pipeline.bench.batch import run_batch_bench
 
     pair = tiny_pair("t5", "noisy")
     config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
@@ -62,10 +93,10 @@ def test_bench_runs_in_bfloat16(engine):
 def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     """CTranslate2 converts the pair's own checkpoints; greedy, it writes our large model's tokens."""
     pytest.importorskip("ctranslate2")
-    from pipeline.bench_batch import render_markdown as render_batch
-    from pipeline.bench_batch import run_batch_bench
-    from pipeline.bench_ct2 import convert_pair
-    from pipeline.benchmark import CT2
+    from pipeline.bench.batch import render_markdown as render_batch
+    from pipeline.bench.batch import run_batch_bench
+    from pipeline.bench.ct2 import convert_pair
+    from pipeline.bench.methods import CT2
 
     pair = tiny_pair("t5", "noisy")
     ct2 = convert_pair(pair, tmp_path)
@@ -81,7 +112,8 @@ def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     cells = {row["cell"]: row for row in report["rows"]}
     assert {"ct2_large B=1", "ct2_large B=3"} <= set(cells)
     assert cells["ct2_large B=3"]["identical_to_ours"] and cells["ct2_large B=3"]["identical_to_b1"]
-    assert cells["ct2_large B=3"]["ratio_vs_ct2_large_same_b"] == 1.0 and cells["large B=3"]["ratio_vs_ct2_large_same_b"] > 0
+    assert cells["ct2_large B=3"]["ratio_vs_ct2_large_same_b"] == 1.0
+    assert cells["large B=3"]["ratio_vs_ct2_large_same_b"] > 0
     assert "| ct2_large B=3 |" in render_batch(report)
 
 
@@ -104,3 +136,35 @@ def test_bench_compares_the_engines_on_the_same_models():
     gpt2 = tiny_pair("gpt2", "noisy")
     assert "skipped" in run_bench(gpt2, TEXTS[:1], None, config, repeats=1, with_projection=False,
                                   with_engines=True)["engines"]
+
+
+def test_table1_command_writes_the_papers_table(tmp_path, capsys, monkeypatch):
+    small, large = save_pair(tmp_path / "models", "t5", small="noisy")
+    shutil.copytree(small, tmp_path / "models" / "small-aligned")
+    (tmp_path / "src.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    (tmp_path / "preset.yaml").write_text("decoding:\n  fallback_threshold: 0.4\n  rollback_threshold: 1.0\n")
+    args = ["--models", str(tmp_path / "models"), "--source", str(tmp_path / "src.txt"), "--reference",
+            str(tmp_path / "ref.txt"), "--preset", str(tmp_path / "preset.yaml"), "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, ["bench-table1", *args])
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    rows = {row["method"]: row for row in table["rows"]}
+    assert list(rows) == ["large", "small", "small (aligned)", "BiLD (unaligned)", "BiLD (aligned)"]
+    assert rows["large"]["speedup_vs_large"] == 1.0 and rows["large"]["small_token_share"] == 0.0
+    assert rows["small"]["small_token_share"] == 1.0 and rows["BiLD (aligned)"]["draft_acceptance"] is not None
+    assert table["decoding"]["rollback_threshold"] == 1.0 and table["cost"]["small_step_s"] > 0
+    markdown = (tmp_path / "out" / "table.md").read_text()
+    assert "| BiLD (aligned) |" in markdown and "BLEU: sacrebleu nrefs:1|" in markdown
+    # The script README.md documents runs the same command.
+    monkeypatch.setattr(sys, "argv", ["demo_table.py", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(REPO / "scripts" / "demo_table.py"), run_name="__main__")
+    assert done.value.code == 0 and "--preset" in capsys.readouterr().out
+
+
+def test_bench_loop_command_reports_both_ratios():
+    result = CliRunner().invoke(main, ["bench-loop", "--inputs", "2", "--repeats", "1", "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    assert "**speed ratio generate/ours**" in result.output and "| identical token ids | True |" in result.output

@@ -1,4 +1,4 @@
-"""pipeline/bench_ct2.py: CTranslate2's greedy outputs equal transformers' own greedy search."""
+"""pipeline/bench/ct2.py: CTranslate2's greedy outputs equal transformers' own greedy search."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DynamicCache, EncoderDecoderCache
 
-from pipeline.bench_ct2 import CT2Model, available
+from pipeline.bench.ct2 import CT2Model, available
 from pipeline.tiny import EOS, save_pair
 from support import REPO
 

@@ -162,9 +162,17 @@ def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pai
     ids = write_shards(str(tmp_path / "in"), 12, 4)
     first = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"limit": 5})
     assert run_job(first).decoded_now == 5
+    done_first = set(output_rows(first).column("id").to_pylist())
     rest = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "resume"})
     summary = run_job(rest)
     assert summary.decoded_now == 7 and summary.skipped_existing == 5
+    # The summary's BiLD rates are over this run's records only.
+    now = [row for row in output_rows(rest).to_pylist() if row["id"] not in done_first]
+    tokens = sum(row["output_tokens"] for row in now)
+    assert summary.output_tokens_now == tokens > 0
+    assert summary.small_share == pytest.approx(sum(row["small_tokens"] for row in now) / tokens)
+    assert summary.fallbacks_per_100_tokens == pytest.approx(100 * sum(row["fallbacks"] for row in now) / tokens)
+    assert summary.rollbacks_per_100_tokens == pytest.approx(100 * sum(row["rollbacks"] for row in now) / tokens)
     assert_one_row_per_id(output_rows(rest), ids)
     manifest = json.loads((tmp_path / "out" / "run.json").read_text())
     assert [a["to_decode"] for a in manifest["attempts"]] == [5, 7]

@@ -1,7 +1,7 @@
-"""Pipeline overhead: the same records decoded in-process and through the Ray pipeline.
+"""`bild-pipeline bench-pipeline`: the same records decoded in-process and through the Ray pipeline.
 
 Both sides use one model pair, one torch thread and the same decoding settings; repetitions
-alternate (in-process, pipeline, in-process, pipeline, ...) and the ratio is taken per pair.
+alternate (harness.interleave, the order rotating each time) and the ratio is taken per pair.
 The pipeline side is timed from the start of `run_job` to its end (read, decode, write, summary),
 with Ray already running, so the ratio shows what Ray Data adds per record.
 """
@@ -9,13 +9,13 @@ with Ray already running, so the ratio shows what Ray Data adds per record.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.bench.harness import interleave
 from pipeline.decoding import Generator, ModelPair
 from pipeline.jobs.run import connect_ray, run_job
 from pipeline.jobs.schema import JobConfig
@@ -48,15 +48,11 @@ def run_pipeline_bench(small: str, large: str, texts: list[str], workdir: Path, 
     generator.generate_one("warm up")
     connect_ray()
 
-    in_process, pipeline = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        results = generator.generate(inputs)
-        in_process.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        summary = run_job(job)
-        pipeline.append(time.perf_counter() - start)
+    runs = interleave({"in_process": lambda _: generator.generate(inputs), "pipeline": lambda _: run_job(job)},
+                      1, repeats, torch.device("cpu"), warm_up=False)
+    for (results,), (summary,) in zip(runs["in_process"].results, runs["pipeline"].results):  # one input each
         assert summary.records_in_output == records and not any(r.error for r in results)
+    in_process, pipeline = runs["in_process"].repetition_seconds(), runs["pipeline"].repetition_seconds()
     ratios = [p / i for p, i in zip(pipeline, in_process)]
     return {
         "records": records,

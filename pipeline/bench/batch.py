@@ -1,30 +1,39 @@
-"""Throughput of batched decoding: output tokens/s per method and batch size, ratios from one run.
+"""`bild-pipeline bench-batch`: output tokens/s of batched decoding per method and batch size.
 
 Every cell (method, batch size, verify share) decodes the same inputs with greedy decoding;
-repetitions are interleaved with a rotating cell order, so slow phases of a shared machine hit
-every cell alike. Batch size 1 is also run through the record-by-record loop (``loop``), the
-path the pipeline takes at ``compute.batch_size: 1``. A batch row's outputs must equal the
-same method's outputs at batch size 1; the report says whether they do. With ``ct2`` models,
-``ct2_large`` (and ``ct2_small``) cells run CTranslate2 on the same checkpoints and inputs with
-``max_batch_size`` = the cell's batch size.
+repetitions are interleaved with a rotating cell order (harness.interleave, one turn per
+repetition), so slow phases of a shared machine hit every cell alike. Batch size 1 is also run
+through the record-by-record loop (``loop``), the path the pipeline takes at
+``compute.batch_size: 1``. A batch row's outputs must equal the same method's outputs at batch
+size 1; the report says whether they do. With ``ct2`` models, ``ct2_large`` (and ``ct2_small``)
+cells run CTranslate2 on the same checkpoints and inputs with ``max_batch_size`` = the cell's
+batch size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from dataclasses import dataclass, field
 
-import sacrebleu
-import torch
-
-from pipeline.benchmark import sync_device
+from pipeline.bench.harness import (
+    bleu_line,
+    dict_table,
+    environment,
+    environment_line,
+    format_number,
+    interleave,
+    score_outputs,
+)
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
+from pipeline.metrics.quality import signatures
 
 DRAFTING = ("bild", "speculative")
 CT2 = ("ct2_large", "ct2_small")
+COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
+           "ratio_vs_ct2_large_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
+           "identical_to_ours"]
 
 
 @dataclass
@@ -32,9 +41,9 @@ class Cell:
     method: str
     batch_size: int  # 0: the record-by-record loop
     verify_share: float | None = None
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # one per repetition
     tokens: list[list[int]] = field(default_factory=list)  # outputs of the last repetition
-    large_fed: int = 0  # large-model positions fed (last repetition); padding excluded ...
+    large_fed: int = 0  # large-model positions fed (last run); padding excluded ...
     large_computed: int = 0  # ... and included
     large_calls: int = 0
 
@@ -56,32 +65,26 @@ def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
 
 
 def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest],
-             ct2: dict | None = None) -> None:
+             ct2: dict | None = None) -> list[list[int]]:
+    """The cell's outputs for every request; the large model's work of this run is left on the cell."""
     if cell.method in CT2:
-        inputs = [r.input_ids.tolist() for r in requests]
         model = ct2[cell.method.removeprefix("ct2_")]
-        start = time.perf_counter()
-        cell.tokens = model.generate(inputs, config.max_new_tokens, max_batch_size=cell.batch_size)
-        cell.seconds.append(time.perf_counter() - start)
-        return
+        return model.generate([r.input_ids.tolist() for r in requests], config.max_new_tokens,
+                              max_batch_size=cell.batch_size)
     config = dataclasses.replace(config, method=cell.method, do_sample=False)
     large = pair.engine("large", max(cell.batch_size, 1)) if cell.method != "small" else None
     before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
-    sync_device(pair.device)
-    start = time.perf_counter()
     if cell.batch_size == 0:
         generator = Generator(pair, config)
         tokens = [generator.decode_ids(r.input_ids[None, :]).tokens for r in requests]
     else:
         policy = BatchPolicy(batch_size=cell.batch_size, verify_share=cell.verify_share or 1.0)
         tokens = [output.tokens for output in scheduler_for(pair, config, policy).run(requests)]
-    sync_device(pair.device)
-    cell.seconds.append(time.perf_counter() - start)
-    cell.tokens = tokens
     if large is not None and cell.batch_size > 0:  # the engines outlive the cell: count this run's work
         cell.large_fed = large.tokens_fed - before[0]
         cell.large_computed = large.positions_computed - before[1]
         cell.large_calls = large.calls - before[2]
+    return tokens
 
 
 def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | None, config: DecodingConfig,
@@ -93,12 +96,12 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
     if ct2 and "ct2_large" not in methods:
         methods = (*methods, "ct2_large")
     cells = make_cells(methods, batch_sizes, list(verify_shares))
-    for cell in cells:  # warm-up, outside the measurements
-        run_cell(pair, dataclasses.replace(cell, seconds=[]), config, requests[:4], ct2)
-    for repeat in range(repeats):
-        shift = repeat % len(cells)
-        for cell in cells[shift:] + cells[:shift]:
-            run_cell(pair, cell, config, requests, ct2)
+    for cell in cells:  # warm-up on a few inputs, outside the measurements
+        run_cell(pair, cell, config, requests[:4], ct2)
+    runs = interleave({cell.name: (lambda _, cell=cell: run_cell(pair, cell, config, requests, ct2)) for cell in cells},
+                      1, repeats, pair.device, warm_up=False)
+    for cell in cells:
+        cell.seconds, cell.tokens = runs[cell.name].repetition_seconds(), runs[cell.name].last[0]
     report = summarize(pair, cells, references, config, len(texts), repeats)
     report["ct2"] = ct2["large"].description if ct2 else None
     return report
@@ -134,30 +137,21 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
             row["large_calls"] = cell.large_calls
             row["large_padding_share"] = 1 - cell.large_fed / cell.large_computed
         if references:
-            texts = [pair.tokenizer.decode(t, skip_special_tokens=True) for t in cell.tokens]
-            row["bleu"] = sacrebleu.corpus_bleu(texts, [references[: len(texts)]]).score
+            row["bleu"] = score_outputs(pair.tokenizer, cell.tokens, references).bleu
         rows.append(row)
-    return {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), "device": str(pair.device),
-            "engine": pair.engine_kind,
-            "dtype": pair.dtype_name, "torch_threads": torch.get_num_threads(), "rows": rows}
+    report = {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), **environment(pair), "rows": rows}
+    if references:
+        report["bleu_signature"] = signatures("translation")["bleu"]
+    return report
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):  # ratios and tokens/s: two decimals are enough
+        return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+    return format_number(value)
 
 
 def render_markdown(report: dict) -> str:
-    def cell(value):
-        if isinstance(value, bool):
-            return "yes" if value else "NO"
-        if isinstance(value, float):
-            return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
-        return "" if value is None else str(value)
-
-    columns = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
-               "ratio_vs_ct2_large_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
-               "identical_to_ours"]
     lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order; "
-             "tokens/s over each cell's median repetition), "
-             f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, greedy, "
-             f"engine {report.get('engine')}" + (f", CTranslate2 {report['ct2']}" if report.get("ct2") else ""),
-             "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in report["rows"]:
-        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
+             "tokens/s over each cell's median repetition), greedy, " + environment_line(report), ""]
+    return "\n".join(lines + dict_table(COLUMNS, report["rows"], _cell) + bleu_line(report))
