@@ -22,6 +22,7 @@ from importlib import metadata
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.io.schema import STATS_COLUMNS
 from pipeline.io.storage import (
     arrow_filesystem,
     check_ids,
@@ -42,7 +43,7 @@ from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS = ["id", "error", "output_tokens", "small_tokens", "fallbacks", "rollbacks", "latency_ms", "engine"]
+SUMMARY_COLUMNS = ["id", "error", "engine", *STATS_COLUMNS]  # what the job's closing summary reads
 
 
 class OutputExistsError(ValueError):

@@ -61,6 +61,7 @@ def test_policy_output_is_distributed_as_the_target(accept_everything):
         assert result.pvalue > P_FLOOR, result
 
 
+@pytest.mark.slow  # make test-fast keeps the batched scheduler's chi-square test (tests/decoding/test_batch.py)
 @pytest.mark.parametrize("family", ["gpt2", "t5"])
 @pytest.mark.parametrize("draft_window", ["fixed", "fallback", "negative_control"])
 def test_speculative_loop_preserves_the_large_models_distribution(family, draft_window):

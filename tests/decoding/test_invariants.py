@@ -47,7 +47,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("small_kind", ["independent", "noisy"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # make test-fast: seed 0
 def test_greedy_bild_and_speculative_are_lossless(family, small_kind, seed):
     pair = tiny_pair(family, small_kind, seed)
     texts = TEXTS[:3]
@@ -102,7 +102,8 @@ def test_large_loop_matches_hugging_face_generate(family):
 
 
 @pytest.mark.parametrize("family", ["t5", "marian", "gpt2", "llama"])
-@pytest.mark.parametrize("rollback_threshold", [0.5, 2.0, 4.0])
+@pytest.mark.parametrize("rollback_threshold", [pytest.param(0.5, marks=pytest.mark.slow), 2.0,
+                                                pytest.param(4.0, marks=pytest.mark.slow)])
 def test_cached_bild_matches_the_cache_free_reference(family, rollback_threshold):
     """With rollbacks > 0 the output is not the large model's; it must still equal BiLD computed
     without any cache (float64, so cached and uncached arithmetic agree exactly)."""
