@@ -1,4 +1,4 @@
-"""The command README.md documents for the paper's Table 1; it is `bild-pipeline bench-table1` (same options)."""
+"""The command earlier versions documented for the paper's Table 1: it runs `bild-pipeline bench-table1` (same options)."""
 
 import sys
 

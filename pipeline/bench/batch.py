@@ -55,6 +55,8 @@ class Cell:
 
 
 def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
+    """One cell per (method, batch size, share); a value given twice makes no second cell."""
+    methods, batch_sizes, verify_shares = (list(dict.fromkeys(v)) for v in (methods, batch_sizes, verify_shares))
     cells = [Cell(m, 0) for m in methods if m not in CT2]  # CTranslate2 has no record-by-record loop of ours
     for method in methods:
         for size in batch_sizes:
@@ -65,12 +67,12 @@ def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
 
 
 def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest],
-             ct2: dict | None = None) -> list[list[int]]:
-    """The cell's outputs for every request; the large model's work of this run is left on the cell."""
+             ct2: dict | None = None, ct2_inputs: list[list[int]] | None = None) -> list[list[int]]:
+    """The cell's outputs for every request; the large model's work of this run is left on the cell.
+    CTranslate2 takes the requests' ids as lists (``ct2_inputs``, made once, outside the timings)."""
     if cell.method in CT2:
         model = ct2[cell.method.removeprefix("ct2_")]
-        return model.generate([r.input_ids.tolist() for r in requests], config.max_new_tokens,
-                              max_batch_size=cell.batch_size)
+        return model.generate(ct2_inputs, config.max_new_tokens, max_batch_size=cell.batch_size)
     config = dataclasses.replace(config, method=cell.method, do_sample=False)
     large = pair.engine("large", max(cell.batch_size, 1)) if cell.method != "small" else None
     before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
@@ -95,11 +97,12 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
     requests = [BatchRequest(encoder.encode(text)[0][0].to(pair.device)) for text in texts]
     if ct2 and "ct2_large" not in methods:
         methods = (*methods, "ct2_large")
+    ct2_inputs = [r.input_ids.tolist() for r in requests] if ct2 else None
     cells = make_cells(methods, batch_sizes, list(verify_shares))
     for cell in cells:  # warm-up on a few inputs, outside the measurements
-        run_cell(pair, cell, config, requests[:4], ct2)
-    runs = interleave({cell.name: (lambda _, cell=cell: run_cell(pair, cell, config, requests, ct2)) for cell in cells},
-                      1, repeats, pair.device, warm_up=False)
+        run_cell(pair, cell, config, requests[:4], ct2, ct2_inputs and ct2_inputs[:4])
+    runs = interleave({cell.name: (lambda _, cell=cell: run_cell(pair, cell, config, requests, ct2, ct2_inputs))
+                       for cell in cells}, 1, repeats, pair.device, warm_up=False)
     for cell in cells:
         cell.seconds, cell.tokens = runs[cell.name].repetition_seconds(), runs[cell.name].last[0]
     report = summarize(pair, cells, references, config, len(texts), repeats)

@@ -42,7 +42,7 @@ def run_pipeline_bench(small: str, large: str, texts: list[str], workdir: Path, 
         "compute": {"actors": 1, "cpus_per_actor": 1, "batch_size": batch_size},
         "output": {"path": str(workdir / "output"), "mode": "overwrite"},
     })
-    pair = ModelPair.from_pretrained(small, large, device="cpu")
+    pair = ModelPair.from_spec(job.models.to_spec())  # the pair the pipeline's actor loads
     generator = Generator(pair, job.decoding.to_config())
     inputs = [texts[i % len(texts)] for i in range(records)]
     generator.generate_one("warm up")

@@ -17,9 +17,10 @@ from transformers import AutoTokenizer
 from pipeline.bench.cost import cost_model
 from pipeline.bench.harness import bleu_line, interleave, markdown_table
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, load_model
+from pipeline.decoding.models import check_tokenizers_match
 from pipeline.decoding.stats import DecodeStats
 from pipeline.jobs.files import read_mapping
-from pipeline.metrics.quality import translation_scores
+from pipeline.metrics.quality import signatures, translation_scores
 
 HEADER = ["method", "BLEU", "speedup vs large", "small-model share", "fallbacks /100 tok", "rollbacks /100 tok",
           "drafts kept"]
@@ -39,6 +40,8 @@ def table1_generators(models: Path, bild: DecodingConfig, engine: str) -> dict[s
     large model's, as ModelPair.from_pretrained would pick)."""
     large, small, aligned = (load_model(str(models / name)) for name in ("large", "small", "small-aligned"))
     tokenizer = AutoTokenizer.from_pretrained(str(models / "large"))
+    for small_model in ("small", "small-aligned"):
+        check_tokenizers_match(str(models / small_model), tokenizer, trust_remote_code=False)
     cpu = torch.device("cpu")
     unaligned_pair = ModelPair(small, large, tokenizer, cpu, engine_request=engine)
     aligned_pair = ModelPair(aligned, large, tokenizer, cpu, engine_request=engine)
@@ -76,7 +79,7 @@ def run_table1(models: str | Path, source: str | Path, reference: str | Path, pr
         })
     cost = cost_model(generators["BiLD (unaligned)"].pair, sources[0], bild.max_draft_tokens)
     return {"sentences": len(sources), "decoding": bild.to_dict(), "torch_threads": torch.get_num_threads(),
-            "bleu_signature": scores.bleu_signature, "rows": rows, "cost": cost}
+            "bleu_signature": signatures("translation")["bleu"], "rows": rows, "cost": cost}
 
 
 def render_markdown(report: dict) -> str:

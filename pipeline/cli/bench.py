@@ -10,13 +10,13 @@ import click
 
 from pipeline.cli.models import load_pair
 from pipeline.cli.options import engine_option, options
-from pipeline.decoding.config import DecodingConfig, ModelSpec
+from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 
 
 @click.command("bench-loop")
 @click.option("--small", default=None, help="Small model (default: a tiny random T5 pair built in memory).")
 @click.option("--large", default=None, help="Large model.")
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPE_NAMES))
 @click.option("--device", default="auto", show_default=True)
 @click.option("--inputs", "num_inputs", type=int, default=8, show_default=True, help="Number of inputs.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Interleaved repetitions.")
@@ -69,7 +69,7 @@ _bench_decoding_options = options(
     click.option("--rollback-threshold", type=float, default=3.0, show_default=True),
     click.option("--max-draft-tokens", type=int, default=10, show_default=True),
     click.option("--device", default="cpu", show_default=True),
-    click.option("--dtype", default="float32", show_default=True),
+    click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPE_NAMES)),
     click.option("--threads", type=int, default=None, help="torch CPU threads."),
     engine_option,
     click.option("--ct2/--no-ct2", "with_ct2", default=None,

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from pipeline.decoding import bart_engine, t5_engine
-from pipeline.decoding.config import ModelSpec
+from pipeline.decoding.config import DTYPE_NAMES, ModelSpec
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.hf_engine import HFEngine
 from pipeline.decoding.native import NativeEngine, NativeWeights
@@ -23,12 +23,8 @@ from pipeline.decoding.native import NativeEngine, NativeWeights
 # The model families the native engine runs: each module has unsupported_reason(model) and a weights class.
 NATIVE_FAMILIES = ((t5_engine, t5_engine.T5Weights), (bart_engine, bart_engine.BartWeights))
 
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
+# The torch dtype of each name config.DTYPE_NAMES allows ("auto" is resolved per device below).
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
 
 
 class IncompatiblePairError(ValueError):
@@ -147,7 +143,7 @@ class ModelPair:
         _check_configs(small_config, large_config)  # fail before loading any weights
         shared_tokenizer = AutoTokenizer.from_pretrained(tokenizer or large, trust_remote_code=trust_remote_code)
         if tokenizer is None:
-            _check_tokenizers_match(small, shared_tokenizer, trust_remote_code)
+            check_tokenizers_match(small, shared_tokenizer, trust_remote_code)
         load = dict(dtype=torch_dtype, device=torch_device, trust_remote_code=trust_remote_code)
         return cls(
             small=load_model(small, **load),
@@ -239,7 +235,7 @@ def _check_configs(small_config, large_config) -> None:
         )
 
 
-def _check_tokenizers_match(small: str, large_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> None:
+def check_tokenizers_match(small: str, large_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> None:
     """If the small model ships its own tokenizer, it must map text to the same ids."""
     try:
         small_tokenizer = AutoTokenizer.from_pretrained(small, trust_remote_code=trust_remote_code)

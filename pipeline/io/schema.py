@@ -45,6 +45,8 @@ OUTPUT_SCHEMA = pa.schema(
 )
 SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
 
-# What summaries and reports read: every column but the texts the models wrote and the job's labels.
-TEXT_COLUMNS = ("prediction", "baseline_prediction")
-NUMERIC_COLUMNS = [name for name in OUTPUT_SCHEMA.names if name not in TEXT_COLUMNS]
+# What reports and sweeps bring to the driver for every row: counters, times, errors, who decoded
+# it and its reference; not the texts the models wrote, nor the labels every row of a run repeats.
+NOT_NUMERIC = ("id", "prediction", "method", "input_tokens", "truncated", "job_name", "config_hash",
+               "baseline_prediction")
+NUMERIC_COLUMNS = [name for name in OUTPUT_SCHEMA.names if name not in NOT_NUMERIC]

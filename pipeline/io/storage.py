@@ -13,6 +13,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.io.records import normalize, parse_jsonl
+from pipeline.io.schema import SWEEP_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) 
 def read_output_table(url: str, storage_options: dict | None = None, columns: list[str] | None = None) -> pa.Table:
     """All output rows under a run's path (for summaries and tests).
 
-    A column asked for that an older file lacks (one added to the output later) reads as nulls.
+    A column asked for that an older file lacks (one added to the output later) reads as nulls of
+    the column's type, so that old and new files still concatenate.
     """
     fs, path = open_filesystem(url, storage_options)
     tables = []
@@ -144,7 +146,8 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
             table = parquet.read(columns=[c for c in columns if c in present] if columns else None)
         for name in columns or []:
             if name not in present:
-                table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+                kind = SWEEP_SCHEMA.field(name).type if name in SWEEP_SCHEMA.names else pa.string()
+                table = table.append_column(name, pa.nulls(table.num_rows, kind))
         tables.append(table.select(columns) if columns else table)
     if not tables:
         return pa.table({})

@@ -8,6 +8,7 @@ one ranked below it.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -47,24 +48,27 @@ def layer_of(module: str) -> str | None:
     return max(found)[1] if found else None
 
 
-def imports_of(path: Path, known: set[str]) -> set[str]:
-    """The `pipeline` modules a file imports anywhere in it; `from package import name` counts as
-    the submodule where `name` is one, else as the package."""
+def imports_of(path: Path, module: str, known: set[str]) -> set[str]:
+    """The `pipeline` modules a file imports anywhere in it, relative imports resolved; `from
+    package import name` counts as the submodule where `name` is one, else as the package."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module
             for alias in node.names:
-                child = f"{node.module}.{alias.name}"
-                found.add(child if child in known else node.module)
+                child = f"{source}.{alias.name}"
+                found.add(child if child in known else source)
     return {name for name in found if name in known}
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     paths = {module_name(path, package): path for path in package.rglob("*.py")}
-    return {module: imports_of(path, set(paths)) - {module} for module, path in paths.items()}
+    return {module: imports_of(path, module, set(paths)) - {module} for module, path in paths.items()}
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -125,7 +129,7 @@ def test_the_checks_catch_a_planted_upward_import_and_a_planted_cycle():
                                  ["pipeline.metrics.summary", "pipeline.metrics.quality", "pipeline.metrics.summary"])
 
 
-def test_imports_are_read_from_source_including_lazy_ones(tmp_path):
+def test_imports_are_read_from_source_including_lazy_and_relative_ones(tmp_path):
     package = tmp_path / "pipeline"
     (package / "decoding").mkdir(parents=True)
     (package / "__init__.py").write_text("")
@@ -134,9 +138,12 @@ def test_imports_are_read_from_source_including_lazy_ones(tmp_path):
     (package / "jobs").mkdir()
     (package / "jobs" / "__init__.py").write_text("")
     (package / "jobs" / "run.py").write_text("import pipeline.decoding.a\n")
+    (package / "decoding" / "b.py").write_text("from ..jobs import run\nfrom . import a\n")
     graph = import_graph(package)
     assert graph["pipeline.decoding.a"] == {"pipeline.jobs.run"}
-    assert upward_imports(graph) == ["pipeline.decoding.a (decoding) imports pipeline.jobs.run (jobs)"]
+    assert graph["pipeline.decoding.b"] == {"pipeline.jobs.run", "pipeline.decoding.a"}
+    assert upward_imports(graph) == ["pipeline.decoding.a (decoding) imports pipeline.jobs.run (jobs)",
+                                     "pipeline.decoding.b (decoding) imports pipeline.jobs.run (jobs)"]
     assert find_cycle(graph) == ["pipeline.decoding.a", "pipeline.jobs.run", "pipeline.decoding.a"]
 
 
