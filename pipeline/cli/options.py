@@ -21,8 +21,8 @@ override_option = click.option("--set", "overrides", multiple=True, metavar="KEY
 
 engine_option = click.option(
     "--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-    help="auto/native: our own forward pass where the architecture has one (T5 family), else Hugging Face's "
-         "modules (logged); hf: always Hugging Face's.")
+    help="auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
+         "Hugging Face's modules (logged); hf: always Hugging Face's.")
 
 model_options = options(
     click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),

@@ -41,8 +41,8 @@ class ModelsSection(_Section):
     trust_remote_code: bool = False
     engine: Literal[ENGINES] = Field(
         default="auto",
-        description="auto/native: our own forward pass where the architecture has one (the T5 family), else "
-                    "Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
+        description="auto/native: our own forward pass where the architecture has one (the T5 and BART "
+                    "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
 
     def to_spec(self) -> ModelSpec:
         return ModelSpec(**self.model_dump())
