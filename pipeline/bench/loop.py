@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from pipeline.bench.harness import interleave, markdown_table
-from pipeline.bench.hf import hf_greedy
+from pipeline.bench.hf import hf_greedy, same_output
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.stats import DecodeStats
 
@@ -80,7 +80,8 @@ def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repe
         tokens=tokens,
         ours_ms_per_token=statistics.median(1000 * s / tokens for s in ours.repetition_seconds()),
         hf_ms_per_token=statistics.median(1000 * s / tokens for s in hf.repetition_seconds()),
-        identical_outputs=all(mine.tokens == theirs[: len(mine.tokens)] for mine, theirs in zip(ours.last, hf.last)),
+        identical_outputs=all(same_output(mine.tokens, theirs, pair.eos_token_ids)
+                              for mine, theirs in zip(ours.last, hf.last)),
         bild_loop_ms=statistics.median(1000 * s for s in bild_runs.repetition_seconds()),
         bild_forward_ms=statistics.median(1000 * s for s in forward),
         bild_small_share=DecodeStats.total(output.stats for output, _ in bild_runs.last).small_token_share,

@@ -53,12 +53,12 @@ def _decoder(pair: ModelPair, name: str, bild: DecodingConfig,
     return lambda ids: DecodeOutput(hf_greedy(pair, ids, limit, **hf_options))
 
 
-def run_methods(pair: ModelPair, texts: list[str], bild: DecodingConfig, repeats: int,
+def run_methods(pair: ModelPair, encoded: list[torch.Tensor], bild: DecodingConfig, repeats: int,
                 methods: tuple[str, ...] = OURS + HF,
                 between_records: Callable[[], None] | None = None, ct2: dict | None = None) -> dict[str, Measured]:
-    """Every method on every input, interleaved; ``between_records`` runs after each input's turn.
-    ``ct2`` holds the CTranslate2 models ({"small": CT2Model, "large": ...}) the ct2_* methods run."""
-    encoded = [Generator(pair, bild).encode(text)[0].to(pair.device) for text in texts]
+    """Every method on every input (``encoded``: [1, S] ids on the pair's device), interleaved;
+    ``between_records`` runs after each input's turn. ``ct2`` holds the CTranslate2 models
+    ({"small": CT2Model, "large": ...}) the ct2_* methods run."""
     decoders = {name: _decoder(pair, name, bild, ct2) for name in methods}
     by_index = {name: (lambda index, decode=decode: decode(encoded[index])) for name, decode in decoders.items()}
     return interleave(by_index, len(encoded), repeats, pair.device, between_inputs=between_records)
@@ -105,12 +105,13 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
     sampler.warm_up()
     methods = OURS + HF + (CT2 if ct2 else ())
-    runs = run_methods(pair, texts, bild, repeats, methods, between_records=sampler.sample, ct2=ct2)
+    encoder = Generator(pair, bild)
+    encoded = [encoder.encode(text)[0].to(pair.device) for text in texts]  # [1, S] each
+    runs = run_methods(pair, encoded, bild, repeats, methods, between_records=sampler.sample, ct2=ct2)
     rows = summarize_methods(pair, runs, references)
     cost = sampler.result()
     stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in OURS}
-    encoded = [Generator(pair, bild).encode(t)[0][0] for t in texts]
-    encoders = {name: sum(admission_seconds(pair, ids, roles) for ids in encoded)
+    encoders = {name: sum(admission_seconds(pair, ids[0], roles) for ids in encoded)
                 for name, roles in (("large", ("large",)), ("small", ("small",)), ("both", ("large", "small")))}
     for row in rows:
         name = row["method"]
@@ -125,7 +126,7 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     if with_engines:
         report["engines"] = compare_engines(pair, texts, bild, repeats)
     if with_projection:
-        lengths = [Generator(pair, bild).encode(t)[0].shape[1] for t in texts]
+        lengths = [ids.shape[1] for ids in encoded]
         report["projection"] = projection(stats, int(np.median(lengths)), bild.max_draft_tokens, pair.device,
                                           pair.engine_kind)
     return report

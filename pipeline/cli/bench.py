@@ -31,22 +31,13 @@ def bench_loop(small, large, dtype, device, num_inputs, repeats, max_new_tokens,
     import torch
 
     from pipeline.bench.loop import run_loop_bench
-    from pipeline.decoding import ModelPair
 
-    if threads:
-        torch.set_num_threads(threads)
     if (small is None) != (large is None):
         raise click.UsageError("give both --small and --large, or neither")
-    if small is None:
-        from pipeline.tiny import build_pair
-
-        small_model, large_model, tokenizer = build_pair("t5", small="noisy")
-        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
-        described = "tiny random T5 pair (noisy small copy), built in memory"
-    else:
-        pair = load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
-        described = f"small={small} large={large}"
-    texts = [line for line in _BENCH_TEXTS][:num_inputs]
+    pair = _bench_pair(small, large, dtype, device, threads, engine)
+    described = (f"small={small} large={large}" if small is not None
+                 else "tiny random T5 pair (noisy small copy), built in memory")
+    texts = list(_BENCH_TEXTS)[:num_inputs]
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold)
     result = run_loop_bench(pair, texts, config, repeats=repeats)
@@ -144,11 +135,9 @@ def _show_report(markdown: str, report: dict, out_dir: str | None, stem: str) ->
         (Path(out_dir) / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
 
 
-def _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit, prompt):
-    """(pair, texts, references) for a benchmark: the named pair (or a tiny random T5 pair built in
-    memory) and the first ``limit`` lines of ``source``/``reference`` (or built-in sentences)."""
-    from pathlib import Path
-
+def _bench_pair(small, large, dtype, device, threads, engine):
+    """The named pair, or (either name missing) a tiny random T5 pair built in memory; ``threads``
+    sets torch's CPU threads first."""
     import torch
 
     from pipeline.decoding import ModelPair
@@ -159,9 +148,16 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
         from pipeline.tiny import build_pair
 
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
-        pair = ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
-    else:
-        pair = load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
+        return ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
+    return load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
+
+
+def _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit, prompt):
+    """(pair, texts, references) for a benchmark: the named pair (or a tiny random T5 pair built in
+    memory) and the first ``limit`` lines of ``source``/``reference`` (or built-in sentences)."""
+    from pathlib import Path
+
+    pair = _bench_pair(small, large, dtype, device, threads, engine)
     texts = (Path(source).read_text(encoding="utf-8").splitlines() if source else list(_BENCH_TEXTS))[:limit]
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
     if prompt:

@@ -109,7 +109,8 @@ def paired_bootstrap(task: str, mine: dict[str, np.ndarray], theirs: dict[str, n
     if rows == 0:
         return {}
     picks = np.random.default_rng(seed).integers(0, rows, size=(resamples, rows))
-    observed = {name: score - corpus_scores(task, {k: v.sum(0) for k, v in theirs.items()}, rows)[name]
+    base = corpus_scores(task, {k: v.sum(0) for k, v in theirs.items()}, rows)
+    observed = {name: score - base[name]
                 for name, score in corpus_scores(task, {k: v.sum(0) for k, v in mine.items()}, rows).items()}
     deltas = {name: [] for name in observed}
     for pick in picks:
