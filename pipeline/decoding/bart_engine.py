@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
 
-from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half
+from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half, key_padding_mask
 
 
 @dataclass(frozen=True)
@@ -203,11 +203,7 @@ class BartWeights(NativeWeights):
         positions = torch.arange(width, device=self.device).expand(rows, -1)
         x = self._embedded(input_ids, positions, self.encoder_embedding, self.encoder_positions,
                            self.encoder_embedding_norm)
-        mask = None
-        if min(lengths) < width:  # padded keys are never attended
-            padding = torch.arange(width, device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
-            mask = torch.zeros(padding.shape, dtype=self.dtype, device=self.device).masked_fill(padding, float("-inf"))
-            mask = mask[:, None, None, :]  # [J, 1, 1, S]
+        mask = key_padding_mask(lengths, width, self.dtype, self.device)  # padded keys are never attended
         for layer in self.encoder_layers:
             qkv = layer.qkv.addmm(layer.qkv_bias, self._input(x))
             qkv = qkv.view(rows, width, 3, heads, d_kv).transpose(1, 3)  # [J, H, 3, S, dk]

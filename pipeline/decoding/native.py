@@ -134,6 +134,16 @@ def clamp_half(x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(x, min=-limit, max=limit)
 
 
+def key_padding_mask(lengths: list[int], width: int, dtype: torch.dtype,
+                     device: torch.device) -> torch.Tensor | None:
+    """[J, 1, 1, width]: -inf on each row's keys past its length, for attention over right-padded
+    rows; None when no row is padded."""
+    if min(lengths) >= width:
+        return None
+    beyond = torch.arange(width, device=device)[None, :] >= torch.tensor(lengths, device=device)[:, None]
+    return torch.zeros(beyond.shape, dtype=dtype, device=device).masked_fill(beyond, float("-inf"))[:, None, None, :]
+
+
 class NativeEngine(Engine):
     """A native decoder over ``slots`` rows, each with its own cache of self- and cross-attention."""
 
@@ -252,11 +262,7 @@ class NativeEngine(Engine):
         table = self.table
         mask = table[:, positions_read.reshape(-1), :keys].view(len(table), len(read), width, keys).transpose(0, 1)
         lengths = [max(1, self.source_lengths[slot]) for slot in read]
-        cross_mask = None
-        if min(lengths) < max(lengths):
-            beyond = torch.arange(max(lengths), device=device)[None, :] >= torch.tensor(lengths, device=device)[:, None]
-            cross_mask = torch.zeros(beyond.shape, dtype=self.weights.dtype, device=device).masked_fill(beyond, float("-inf"))
-            cross_mask = cross_mask[:, None, None, :]  # [A, 1, 1, S]
+        cross_mask = key_padding_mask(lengths, max(lengths), self.weights.dtype, device)  # [A, 1, 1, S] or None
         return Attention(engine=self, rows=rows, written=(slots[:, None], positions), keys=keys, self_mask=mask,
                          cross_rows=cross_rows[:, :, :, :, : max(lengths)], cross_mask=cross_mask, place=place)
 
