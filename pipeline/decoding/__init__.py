@@ -25,6 +25,7 @@ _EXPORTS = {
     "UnsupportedModelError": "hf_engine",
     "IncompatiblePairError": "models",
     "ModelPair": "models",
+    "check_pair": "models",
     "load_model": "models",
     "Verdict": "policies",
     "bild_verify": "policies",

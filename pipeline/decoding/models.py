@@ -138,12 +138,7 @@ class ModelPair:
         """Load both models by hub id or local folder; the tokenizer defaults to the large model's."""
         torch_device = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, torch_device)
-        small_config = AutoConfig.from_pretrained(small, trust_remote_code=trust_remote_code)
-        large_config = AutoConfig.from_pretrained(large, trust_remote_code=trust_remote_code)
-        _check_configs(small_config, large_config)  # fail before loading any weights
-        shared_tokenizer = AutoTokenizer.from_pretrained(tokenizer or large, trust_remote_code=trust_remote_code)
-        if tokenizer is None:
-            check_tokenizers_match(small, shared_tokenizer, trust_remote_code)
+        shared_tokenizer = check_pair(small, large, tokenizer, trust_remote_code)  # before loading any weights
         load = dict(dtype=torch_dtype, device=torch_device, trust_remote_code=trust_remote_code)
         return cls(
             small=load_model(small, **load),
@@ -233,6 +228,19 @@ def _check_configs(small_config, large_config) -> None:
             f"the small and large model have different vocabularies (vocab_size {small_vocab} vs "
             f"{large_vocab}); BiLD needs a pair that shares one tokenizer"
         )
+
+
+def check_pair(small: str, large: str, tokenizer: str | None = None,
+               trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Raise IncompatiblePairError unless two checkpoints can form a pair, from their configs and
+    tokenizers alone (no weights are read); returns the pair's shared tokenizer."""
+    small_config = AutoConfig.from_pretrained(small, trust_remote_code=trust_remote_code)
+    large_config = AutoConfig.from_pretrained(large, trust_remote_code=trust_remote_code)
+    _check_configs(small_config, large_config)
+    shared_tokenizer = AutoTokenizer.from_pretrained(tokenizer or large, trust_remote_code=trust_remote_code)
+    if tokenizer is None:
+        check_tokenizers_match(small, shared_tokenizer, trust_remote_code)
+    return shared_tokenizer
 
 
 def check_tokenizers_match(small: str, large_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool) -> None:

@@ -38,6 +38,15 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     return fs, path
 
 
+def output_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path) for a run's output folder, whose listings are never cached.
+
+    Ray Data's writers add files to the folder while the driver lists it (the progress line, the
+    resume state, the summary). A cached listing would then disagree with the store: s3fs answers
+    FileNotFoundError for a file its cached listing of the folder lacks."""
+    return open_filesystem(url, {**(storage_options or {}), "use_listings_cache": False})
+
+
 def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
@@ -108,24 +117,59 @@ def check_ids(dataset) -> pa.ChunkedArray:
 
 
 def output_files(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
-    """The Parquet files of the run at `path` (its data directory)."""
+    """The Parquet files of the run at `path` (its data directory), as the store lists them now."""
     data = data_path(path)
+    fs.invalidate_cache(data)  # a filesystem handed in may hold an old listing (see output_filesystem)
     if not fs.exists(data):
         return []
     return sorted(p for p in fs.find(data) if p.endswith(".parquet"))
 
 
+class OutputReadError(OSError):
+    """An output file exists and is whole but could not be read (throttling, a network error, no
+    permission): the run stops and deletes nothing, so that no finished work is lost."""
+
+
+def is_torn_parquet(fs: fsspec.AbstractFileSystem, file: str) -> bool:
+    """Whether a Parquet file was cut off before its footer was written (a writer that died).
+
+    A whole file ends in a 4-byte footer length and the magic bytes PAR1, and holds its footer."""
+    size = fs.size(file)
+    if size < 12:
+        return True
+    with fs.open(file, "rb") as handle:
+        handle.seek(size - 8)
+        tail = handle.read(8)
+    return tail[4:] != b"PAR1" or int.from_bytes(tail[:4], "little") + 12 > size
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) -> pa.Table:
-    """Some columns of every row already written under an output path. A file that cannot be read
-    (a write cut off by a crash) is removed, so its records are decoded again, never lost or doubled."""
+    """Some columns of every row already written under an output path.
+
+    A torn file (a write cut off by a crash) is removed, so its records are decoded again, never
+    lost or doubled. Any other failure to read a file raises OutputReadError and removes nothing."""
     tables = []
     for file in output_files(fs, path):
         try:
             with fs.open(file, "rb") as handle:
                 tables.append(pq.read_table(handle, columns=columns))
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is an incomplete write
-            log.warning("removing unreadable output file %s (%s); its records will be decoded again", file, exc)
-            fs.rm(file)
+            continue
+        except Exception as exc:  # noqa: BLE001 - torn or not, decided below from the file's tail
+            problem = exc
+        try:
+            torn = is_torn_parquet(fs, file)
+        except Exception as exc:  # noqa: BLE001 - whether it is torn cannot be told: keep it
+            raise OutputReadError(f"cannot read the output file {file} ({_describe(exc)}); nothing was removed: "
+                                  "run the job again once the store answers") from problem
+        if not torn:
+            raise OutputReadError(f"cannot read the output file {file} ({_describe(problem)}), which is not a torn "
+                                  "write; nothing was removed: fix the cause and run the job again") from problem
+        log.warning("removing the torn output file %s (its write was cut off); its records will be decoded again", file)
+        fs.rm(file)
     if not tables:
         return pa.table({column: pa.array([], pa.string()) for column in columns})
     return pa.concat_tables(tables)
@@ -137,7 +181,7 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
     A column asked for that an older file lacks (one added to the output later) reads as nulls of
     the column's type, so that old and new files still concatenate.
     """
-    fs, path = open_filesystem(url, storage_options)
+    fs, path = output_filesystem(url, storage_options)
     tables = []
     for file in output_files(fs, path):
         with fs.open(file, "rb") as handle:

@@ -36,8 +36,11 @@ class Progress:
     output files (counted from the files' footers); one rewritten line on a terminal, a line per
     change elsewhere."""
 
-    def __init__(self, fs, path: str, total: int, interval: float = 5.0, stream=None):
-        self.fs, self.path, self.total, self.interval = fs, path, total, interval
+    interval_seconds = 5.0
+
+    def __init__(self, fs, path: str, total: int, interval: float | None = None, stream=None):
+        self.fs, self.path, self.total = fs, path, total
+        self.interval = self.interval_seconds if interval is None else interval
         self.stream = stream or sys.stderr
         self.seen = set(output_files(fs, path))  # files of earlier attempts (resume) are not this run's
         self.records = self.tokens = 0

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
-from pipeline.io.storage import arrow_filesystem, data_path, open_filesystem, output_files, read_manifest
+from pipeline.io.storage import arrow_filesystem, data_path, output_filesystem, output_files, read_manifest
 from pipeline.metrics import quality as q
 from pipeline.metrics.summary import run_summary
 
@@ -25,7 +25,7 @@ def read_run(run_path: str, storage_options: dict | None = None):
     """(Ray dataset of the run's rows, its run.json manifest or None)."""
     import ray.data
 
-    fs, path = open_filesystem(run_path, storage_options)
+    fs, path = output_filesystem(run_path, storage_options)
     if not output_files(fs, path):
         raise FileNotFoundError(f"{run_path}: no output rows (expected Parquet files under {data_path(run_path)})")
     dataset = ray.data.read_parquet(data_path(path), filesystem=arrow_filesystem(fs))

@@ -28,7 +28,7 @@ from pipeline.io.storage import (
     check_ids,
     data_path,
     existing_rows,
-    open_filesystem,
+    output_filesystem,
     output_files,
     read_manifest,
     read_output_table,
@@ -132,6 +132,19 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
                  log_to_driver=verbose)
 
 
+def _check_pair_early(job: JobConfig) -> None:
+    """An incompatible pair stops the job before Ray starts (IncompatiblePairError), from the two
+    configs and tokenizers alone. A driver that cannot read them (the models live on the workers only)
+    leaves the check to the actors, which make it again before loading any weights."""
+    from pipeline.decoding import check_pair
+
+    spec = job.models.to_spec()
+    try:
+        check_pair(spec.small, spec.large, spec.tokenizer, spec.trust_remote_code)
+    except OSError as exc:
+        log.info("the pair is checked on the actors: the driver cannot read its configs (%s)", exc)
+
+
 Points = tuple[tuple[str, DecodingConfig], ...]
 
 
@@ -204,7 +217,8 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     prints one progress line while it decodes; ``verbose`` lets Ray's own output through."""
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
-    out_fs, out_path = open_filesystem(job.output.path, job.output.storage_options)
+    _check_pair_early(job)  # before anything is read, removed or started
+    out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
     if job.output.mode == "overwrite" and out_fs.exists(out_path):
