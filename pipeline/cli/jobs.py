@@ -44,15 +44,21 @@ def _load_job_or_exit(job_file: str, overrides):
 
 
 def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
-    """Run func; input that cannot be used at all (duplicate ids, existing output) exits with code 2."""
-    from pipeline.io.storage import InputError
+    """Run func; input that cannot be used at all (duplicate ids, existing output, a small and large model
+    that do not fit together) exits with code 2; an output file that cannot be read (and is not a torn
+    write) stops the job with its message and code 1."""
+    from pipeline.decoding import IncompatiblePairError
+    from pipeline.io.storage import InputError, OutputReadError
     from pipeline.jobs.run import OutputExistsError
 
     try:
         return func(*args, **kwargs)
-    except (InputError, OutputExistsError) as exc:
+    except (InputError, OutputExistsError, IncompatiblePairError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)
         sys.exit(2)
+    except OutputReadError as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(1)
 
 
 @click.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -10,21 +11,47 @@ from pydantic import ValidationError
 
 from pipeline.jobs.files import JobFileError, read_mapping
 from pipeline.jobs.presets import merge_presets
-from pipeline.jobs.schema import JobConfig
+from pipeline.jobs.schema import REDACTED, JobConfig, is_secret_key
 
 __all__ = ["JobFileError", "apply_overrides", "job_data", "load_job", "parse_override"]
 
+_KEY_PATH = re.compile(r"[\w.-]*")  # what --set KEY.PATH=... names, up to the first other character
+
+
+def _hides_value(path: list[str], raw: str = "") -> bool:
+    """Whether an override's value must not be echoed in an error: it sits under a secret-looking key
+    (the manifest's rule, ``is_secret_key``) or under ``storage_options``, whose values go to fsspec as
+    they are. A value that did not parse cannot be redacted key by key as the manifest does, so the
+    words of ``raw`` that could be keys (``{storage_options: {secret: ...``) count as well."""
+    return any(part == "storage_options" or is_secret_key(part) for part in [*path, *re.findall(r"\w+", raw)])
+
+
+def _shown(path: list[str], raw: str) -> str:
+    """``--set 'KEY.PATH=VALUE'`` as an error message may show it: the value only unless ``_hides_value``."""
+    value = REDACTED if _hides_value(path, raw) else raw
+    return f"--set {'.'.join(path) + '=' + value!r}"
+
 
 def parse_override(assignment: str) -> tuple[list[str], object]:
-    """``decoding.method=large`` -> (["decoding", "method"], "large"); the value is read as YAML."""
+    """``decoding.method=large`` -> (["decoding", "method"], "large"); the value is read as YAML.
+
+    Errors name the key path but never echo a value that may be a secret (see ``_hides_value``)."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
-        raise JobFileError(f"--set {assignment!r}: expected KEY.PATH=VALUE, e.g. decoding.method=large")
+        # Show the key path it starts with ("input.storage_options.secret" of "...secret:x"), and the rest
+        # only where it cannot be a secret (not after "=", nothing that _hides_value).
+        named = _KEY_PATH.match(assignment.strip()).group()
+        shown = assignment
+        if (sep or _hides_value(named.split("."), assignment)) and named != assignment.strip():
+            shown = f"{named}..."
+        raise JobFileError(f"--set {shown!r}: expected KEY.PATH=VALUE, e.g. decoding.method=large")
+    path = key.strip().split(".")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise JobFileError(f"--set {assignment!r}: the value is not valid YAML ({exc})") from exc
-    return key.strip().split("."), value
+        detail = "not shown: it may hold a secret" if _hides_value(path, raw) else str(exc)
+        raise JobFileError(f"{_shown(path, raw)}: the value is not valid YAML ({detail})") from exc
+    return path, value
 
 
 def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
@@ -35,7 +62,8 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 where = ".".join(path[: depth + 1])
-                raise JobFileError(f"--set {assignment!r}: {where} is not a section")
+                raw = assignment.partition("=")[2]
+                raise JobFileError(f"{_shown(path, raw)}: {where} is not a section")
             node = child
         node[path[-1]] = value
     return data

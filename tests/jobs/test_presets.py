@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.jobs import JobConfig, JobFileError, apply_overrides
+from pipeline.jobs import JobConfig, JobFileError, apply_overrides, load_job
 from pipeline.jobs.presets import deep_merge, merge_presets
 
 JOB = {
@@ -101,15 +101,21 @@ def test_an_empty_preset_file_adds_nothing(layout):
     assert merge_presets({**JOB, "presets": ["../configs/empty.yaml"]}, layout / "jobs" / "job.yaml") == JOB
 
 
-def test_load_job_merges_presets_once_wired(layout):
-    """The loader change this module is written for: load_job(path) merges presets before --set."""
-    from pipeline.jobs import load_job
+def test_load_job_merges_presets_under_the_job_and_set_on_top(layout):
+    """load_job(path) itself merges the presets: under the job file's keys, with --set applied last."""
+    job_path = write(layout / "jobs" / "job.yaml", {**JOB, "presets": ["../configs/a.yaml", "../configs/b.yaml"],
+                                                    "decoding": {"max_new_tokens": 8}})
+    job = load_job(job_path)
+    assert job.decoding.fallback_threshold == 0.4, "from preset a"
+    assert job.decoding.rollback_threshold == 6.0, "preset b over preset a"
+    assert job.decoding.max_new_tokens == 8, "the job over the presets"
+    assert job.compute.actors == 4 and job.compute.gpus_per_actor == 1
+    assert load_job(job_path, ["decoding.max_new_tokens=4"]).decoding.max_new_tokens == 4, "--set over the job"
 
-    job_path = write(layout / "jobs" / "job.yaml", {**JOB, "presets": ["../configs/a.yaml"]})
-    try:
-        job = load_job(job_path, ["decoding.max_new_tokens=4"])
-    except JobFileError as exc:
-        if "presets: unknown key" in str(exc):
-            pytest.skip("load_job does not call merge_presets yet")
-        raise
-    assert job.decoding.fallback_threshold == 0.4 and job.decoding.max_new_tokens == 4
+
+def test_load_job_names_a_bad_preset(layout):
+    """A preset's problem surfaces from load_job naming the job file and the presets key."""
+    job_path = write(layout / "jobs" / "job.yaml", {**JOB, "presets": ["../configs/missing.yaml"]})
+    with pytest.raises(JobFileError, match=r"presets\[0\].*cannot read the preset file") as error:
+        load_job(job_path)
+    assert str(job_path) in str(error.value)

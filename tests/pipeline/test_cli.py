@@ -79,3 +79,136 @@ def test_tiny_pair_shape_choices_are_the_random_pairs_shapes():
 
     shape = next(p for p in tiny_pair.params if p.name == "shape")
     assert tuple(shape.type.choices) == tuple(SHAPES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Job commands (`validate`, `run`): what exits 2, and what the message names (or must not show)
+
+SECRET = "AKIA-do-not-print-7f3e"
+
+
+def write_job(tmp_path, name="job.yaml", **sections):
+    """A job file in tmp_path: a small valid job with `sections` merged in (a section of None drops it)."""
+    import yaml
+
+    data = {"name": "t", "input": {"path": str(tmp_path / "in.parquet"), "reference_column": "ref"},
+            "models": {"small": "s", "large": "l", "device": "cpu"},
+            "decoding": {"method": "bild", "max_new_tokens": 4},
+            "compute": {"actors": 1, "batch_size": 2},
+            "output": {"path": str(tmp_path / "out"), "mode": "overwrite"}}
+    for section, values in sections.items():
+        if values is None:
+            data.pop(section)
+        else:
+            data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def write_input(tmp_path, ids):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ids, "text": ["Ein Hund läuft."] * len(ids), "ref": ["A dog runs."] * len(ids)}),
+                   tmp_path / "in.parquet")
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize(
+    "sections, key",
+    [({"decoding": {"methd": "bild"}}, "decoding.methd: unknown key"),
+     ({"compute": {"actors": 0}}, "compute.actors"),
+     ({"decoding": {"max_new_tokens": "many"}}, "decoding.max_new_tokens"),
+     ({"output": None}, "output: Field required")],
+    ids=["unknown-key", "out-of-range", "wrong-type", "missing-section"],
+)
+def test_a_bad_job_file_exits_2_naming_the_key(tmp_path, command, sections, key):
+    """validate and run refuse a bad job file with exit code 2 and name the offending key (before Ray)."""
+    result = CliRunner().invoke(main, [command, str(write_job(tmp_path, **sections))])
+    assert result.exit_code == 2, result.output
+    assert key in result.stderr and "invalid job file" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize(
+    "assignment, key",
+    [(f"input.storage_options.secret=[{SECRET}", "input.storage_options.secret"),  # not valid YAML
+     (f"input.storage_options.secret:{SECRET}", "input.storage_options.secret"),  # no "="
+     (f"input.storage_options={{key: x, secret: [{SECRET}", "input.storage_options"),
+     (f"input={{path: x, storage_options: {{secret: {SECRET}", "input"),  # a whole section that did not parse
+     (f"output.storage_options.token.x={SECRET}", "output.storage_options.token"),  # token is not a section
+     (f"models.api_key=[{SECRET}", "models.api_key")],  # a secret-looking key outside storage_options
+    ids=["bad-yaml", "no-equals", "bad-yaml-mapping", "bad-yaml-section", "not-a-section", "secret-looking-key"],
+)
+def test_a_bad_set_names_the_key_but_never_shows_a_secret(tmp_path, command, assignment, key):
+    """A --set that cannot be applied exits 2 naming its key path, and never echoes a value that may be a
+    secret (under storage_options or a secret-looking key, the rule the manifest's redaction uses)."""
+    job = write_job(tmp_path, output={"storage_options": {"token": "t"}})
+    result = CliRunner().invoke(main, [command, str(job), "--set", assignment])
+    assert result.exit_code == 2, result.output
+    assert key in result.stderr and "--set" in result.stderr
+    assert SECRET not in result.output
+
+
+def test_a_bad_set_of_an_ordinary_key_shows_its_value(tmp_path):
+    """Redaction is for secrets only: a bad value of an ordinary key is shown, to help fix it."""
+    result = CliRunner().invoke(main, ["validate", str(write_job(tmp_path)), "--set", "decoding.method=[large"])
+    assert result.exit_code == 2 and "decoding.method=[large" in result.stderr and "not valid YAML" in result.stderr
+
+
+def test_run_refuses_existing_output_in_error_mode_with_exit_2(tmp_path):
+    """output.mode: error and an output that already holds results: exit 2, and the results stay untouched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.io.storage import data_path
+
+    write_input(tmp_path, ["a", "b"])
+    existing = tmp_path / data_path("out") / "part-0.parquet"
+    existing.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a"]}), existing)
+    result = CliRunner().invoke(main, ["run", str(write_job(tmp_path, output={"mode": "error"}))])
+    assert result.exit_code == 2, result.output
+    assert "already holds results" in result.stderr and "output.mode is 'error'" in result.stderr
+    assert pq.read_table(existing)["id"].to_pylist() == ["a"]
+
+
+@pytest.mark.slow
+def test_run_refuses_duplicate_ids_with_exit_2(ray_local, saved_tiny_pair, tmp_path):
+    """Duplicate input ids stop `run` with exit 2 naming an id, before anything is decoded."""
+    from pipeline.io.storage import open_filesystem, output_files
+
+    small, large = saved_tiny_pair
+    write_input(tmp_path, ["a", "b", "a"])
+    result = CliRunner().invoke(main, ["run", str(write_job(tmp_path, models={"small": small, "large": large}))])
+    assert result.exit_code == 2, result.output
+    assert "more than once" in result.stderr and "'a' x2" in result.stderr
+    assert output_files(*open_filesystem(str(tmp_path / "out"))) == []
+
+
+@pytest.fixture(scope="module")
+def mismatched_pair(tmp_path_factory):
+    """A tiny T5 pair whose small model has 8 more vocabulary entries than the large one."""
+    from pipeline.tiny import VOCAB_SIZE, build_pair, save_models
+
+    small, large, tokenizer = build_pair("t5", small="noisy")
+    small.resize_token_embeddings(VOCAB_SIZE + 8)
+    return tuple(map(str, save_models(tmp_path_factory.mktemp("mismatched"), small, large, tokenizer)))
+
+
+def test_run_refuses_an_incompatible_pair_with_exit_2_before_starting_ray(mismatched_pair, tmp_path, monkeypatch):
+    """A small and large model without a shared vocabulary: `run` exits 2 saying so, from the two
+    configs alone, before Ray starts or the output is touched (not 1 with a traceback from an actor)."""
+    import pipeline.jobs.run as run_module
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray must not start for an incompatible pair")
+
+    monkeypatch.setattr(run_module, "connect_ray", no_ray)
+    small, large = mismatched_pair
+    write_input(tmp_path, ["a", "b"])
+    job = write_job(tmp_path, models={"small": small, "large": large})
+    result = CliRunner().invoke(main, ["run", str(job)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"{job}: the small and large model have different vocabularies")
