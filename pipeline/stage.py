@@ -120,6 +120,7 @@ class DecodeStage:
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
             "engine": self.pair.engine_kind,
+            "quantize": self.pair.quantize,
             **call,
         }
         if baseline is not None:

@@ -27,12 +27,12 @@ from pipeline.bench.harness import (
 )
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
+from pipeline.bench.methods import CT2
 from pipeline.metrics.quality import signatures
 
 DRAFTING = ("bild", "speculative")
-CT2 = ("ct2_large", "ct2_small")
 COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
-           "ratio_vs_ct2_large_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
+           "ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
            "identical_to_ours"]
 
 
@@ -95,8 +95,8 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
     """Every cell, repetitions interleaved; ``ct2`` ({"small": CT2Model, "large": ...}) adds ct2_large cells."""
     encoder = Generator(pair, config)
     requests = [BatchRequest(encoder.encode(text)[0][0].to(pair.device)) for text in texts]
-    if ct2 and "ct2_large" not in methods:
-        methods = (*methods, "ct2_large")
+    if ct2:
+        methods = (*methods, *[name for name in ("ct2_large", "ct2_large_int8") if name not in methods])
     ct2_inputs = [r.input_ids.tolist() for r in requests] if ct2 else None
     cells = make_cells(methods, batch_sizes, list(verify_shares))
     for cell in cells:  # warm-up on a few inputs, outside the measurements
@@ -128,9 +128,10 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
             row["ratio_vs_loop_b1"] = row["tokens_per_s"] / rate(loop[cell.method])
         if cell.method in CT2 and cell.method.removeprefix("ct2_") in loop:  # the same tokens as ours?
             row["identical_to_ours"] = cell.tokens == loop[cell.method.removeprefix("ct2_")].tokens
-        same_ct2 = [c for c in cells if c.method == "ct2_large" and c.batch_size == (cell.batch_size or 1)]
-        if same_ct2:
-            row["ratio_vs_ct2_large_same_b"] = row["tokens_per_s"] / rate(same_ct2[0])
+        for yardstick in ("ct2_large", "ct2_large_int8"):
+            same_ct2 = [c for c in cells if c.method == yardstick and c.batch_size == (cell.batch_size or 1)]
+            if same_ct2:
+                row[f"ratio_vs_{yardstick}_same_b"] = row["tokens_per_s"] / rate(same_ct2[0])
         if cell.method in one:
             row["ratio_vs_batch_b1"] = row["tokens_per_s"] / rate(one[cell.method])
         same_large = [c for c in cells if c.method == "large" and c.batch_size == cell.batch_size]

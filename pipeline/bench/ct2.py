@@ -94,6 +94,15 @@ class CT2Model:
         _check_round_trip(tokenizer, model_path)
         return cls(translator, tokenizer, model_path, compute_type)
 
+    def with_compute_type(self, compute_type: str, converted_dir: str | Path, threads: int = 1) -> CT2Model:
+        """The same converted model loaded again with another compute type (e.g. "int8", CTranslate2's
+        usual CPU setting: int8 weights, activations quantized per row at run time)."""
+        import ctranslate2
+
+        translator = ctranslate2.Translator(str(converted_dir), device=self.translator.device,
+                                            compute_type=compute_type, inter_threads=1, intra_threads=threads)
+        return CT2Model(translator, self.tokenizer, self.model_path, compute_type)
+
     def generate(self, batch: list[list[int]], max_new_tokens: int, max_batch_size: int = 0) -> list[list[int]]:
         """Greedy outputs (beam_size=1) for a batch of encoder input ids.
 
@@ -131,7 +140,8 @@ def _check_round_trip(tokenizer: PreTrainedTokenizerBase, model_path: str) -> No
 
 
 def convert_pair(pair, work_dir: str | Path, *, threads: int = 1, compute_type: str = "float32") -> dict[str, CT2Model]:
-    """{"small": ..., "large": ...}: both models of a ModelPair as CTranslate2 would run them.
+    """{"small": ..., "large": ..., "small_int8": ..., "large_int8": ...}: both models of a ModelPair as
+    CTranslate2 would run them, in `compute_type` and in int8.
 
     Each model is saved (with the pair's tokenizer) under `work_dir` and converted from there, so a
     pair built in memory converts as well as one loaded from a folder.
@@ -143,4 +153,5 @@ def convert_pair(pair, work_dir: str | Path, *, threads: int = 1, compute_type: 
         pair.tokenizer.save_pretrained(saved)
         converted[role] = CT2Model.convert(saved, Path(work_dir) / f"{role}-ct2", threads=threads,
                                            compute_type=compute_type)
+        converted[f"{role}_int8"] = converted[role].with_compute_type("int8", Path(work_dir) / f"{role}-ct2", threads)
     return converted

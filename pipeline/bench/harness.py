@@ -104,12 +104,13 @@ def score_outputs(tokenizer, outputs: Sequence[Sequence[int]], references: Seque
 
 def environment(pair) -> dict:
     """Where a benchmark ran: the report keys that say so."""
-    return {"device": str(pair.device), "engine": pair.engine_kind, "dtype": pair.dtype_name,
+    return {"device": str(pair.device), "engine": pair.engine_kind, "dtype": pair.dtype_name, "quantize": pair.quantize,
             "torch_threads": torch.get_num_threads()}
 
 
 def environment_line(report: dict) -> str:
-    line = (f"device {report['device']}, {report['dtype']}, torch threads {report['torch_threads']}, "
+    weights = report["dtype"] + (" with int8 matrices" if report.get("quantize") == "int8" else "")
+    line = (f"device {report['device']}, {weights}, torch threads {report['torch_threads']}, "
             f"engine {report.get('engine')}")
     return line + (f", CTranslate2 {report['ct2']}" if report.get("ct2") else "")
 

@@ -32,10 +32,11 @@ from pipeline.metrics.quality import signatures
 
 OURS = ("large", "small", "bild", "speculative")
 HF = ("hf_generate", "hf_assisted", "hf_assisted_confidence")
-CT2 = ("ct2_large", "ct2_small")  # CTranslate2 on the same checkpoints (pipeline.bench.ct2)
+# CTranslate2 on the same checkpoints (pipeline.bench.ct2), in float32 and in int8 (its usual CPU setting).
+CT2 = ("ct2_large", "ct2_small", "ct2_large_int8", "ct2_small_int8")
 
 COLUMNS = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu", "exact_match_with_large",
-           "speedup_vs_large", "speed_vs_ct2_large", "small_token_share", "fallbacks_per_100_tokens",
+           "speedup_vs_large", "speed_vs_ct2_large", "speed_vs_ct2_large_int8", "small_token_share", "fallbacks_per_100_tokens",
            "rollbacks_per_100_tokens", "measured_over_predicted"]
 
 
@@ -65,7 +66,7 @@ def run_methods(pair: ModelPair, encoded: list[torch.Tensor], bild: DecodingConf
 
 
 def summarize_methods(pair: ModelPair, runs: dict[str, Measured], references: list[str] | None) -> list[dict]:
-    large, ct2_large = runs.get("large"), runs.get("ct2_large")
+    large, ct2_large, ct2_int8 = runs.get("large"), runs.get("ct2_large"), runs.get("ct2_large_int8")
     rows = []
     for name, run in runs.items():
         tokens = [output.tokens for output in run.last]
@@ -87,6 +88,8 @@ def summarize_methods(pair: ModelPair, runs: dict[str, Measured], references: li
             row["speedup_vs_large"] = large.total_seconds / run.total_seconds
         if ct2_large is not None:
             row["speed_vs_ct2_large"] = ct2_large.total_seconds / run.total_seconds
+        if ct2_int8 is not None:
+            row["speed_vs_ct2_large_int8"] = ct2_int8.total_seconds / run.total_seconds
         stats = DecodeStats.total(output.stats for output in run.last)
         if name in OURS and stats.output_tokens:
             row.update(small_token_share=stats.small_token_share,

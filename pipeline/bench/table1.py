@@ -35,7 +35,7 @@ def bild_config(preset: Path, max_new_tokens: int) -> DecodingConfig:
                                max_draft_tokens=chosen.get("max_draft_tokens", base.max_draft_tokens))
 
 
-def table1_generators(models: Path, bild: DecodingConfig, engine: str) -> dict[str, Generator]:
+def table1_generators(models: Path, bild: DecodingConfig, engine: str, quantize: str = "none") -> dict[str, Generator]:
     """The table's five methods over models/large, small and small-aligned (one tokenizer, the
     large model's, as ModelPair.from_pretrained would pick)."""
     large, small, aligned = (load_model(str(models / name)) for name in ("large", "small", "small-aligned"))
@@ -43,8 +43,8 @@ def table1_generators(models: Path, bild: DecodingConfig, engine: str) -> dict[s
     for small_model in ("small", "small-aligned"):
         check_tokenizers_match(str(models / small_model), tokenizer, trust_remote_code=False)
     cpu = torch.device("cpu")
-    unaligned_pair = ModelPair(small, large, tokenizer, cpu, engine_request=engine)
-    aligned_pair = ModelPair(aligned, large, tokenizer, cpu, engine_request=engine)
+    unaligned_pair = ModelPair(small, large, tokenizer, cpu, engine_request=engine, quantize=quantize)
+    aligned_pair = ModelPair(aligned, large, tokenizer, cpu, engine_request=engine, quantize=quantize)
     large_only = DecodingConfig(method="large", max_new_tokens=bild.max_new_tokens)
     small_only = dataclasses.replace(large_only, method="small")
     return {
@@ -57,9 +57,9 @@ def table1_generators(models: Path, bild: DecodingConfig, engine: str) -> dict[s
 
 
 def run_table1(models: str | Path, source: str | Path, reference: str | Path, preset: str | Path, *,
-               limit: int | None = None, max_new_tokens: int = 64, engine: str = "auto") -> dict:
+               limit: int | None = None, max_new_tokens: int = 64, engine: str = "auto", quantize: str = "none") -> dict:
     bild = bild_config(Path(preset), max_new_tokens)
-    generators = table1_generators(Path(models), bild, engine)
+    generators = table1_generators(Path(models), bild, engine, quantize)
     sources = Path(source).read_text(encoding="utf-8").splitlines()[:limit]
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit]
     runs = interleave({name: (lambda index, g=generator: g.generate_one(sources[index]))

@@ -9,7 +9,7 @@ import json
 import click
 
 from pipeline.cli.models import load_pair
-from pipeline.cli.options import engine_option, options
+from pipeline.cli.options import engine_option, options, quantize_option
 from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 
 
@@ -63,6 +63,7 @@ _bench_decoding_options = options(
     click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPE_NAMES)),
     click.option("--threads", type=int, default=None, help="torch CPU threads."),
     engine_option,
+    quantize_option,
     click.option("--ct2/--no-ct2", "with_ct2", default=None,
                  help="Add CTranslate2 rows: the same checkpoints converted by CTranslate2's own converter "
                       "(default: when ctranslate2 is installed, pip install -e .[bench])."),
@@ -80,15 +81,15 @@ _bench_decoding_options = options(
               help="Also decode with `large` on our native engine and Hugging Face's in turn: speed per step, same tokens.")
 @click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
 def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
-          rollback_threshold, max_draft_tokens, device, dtype, threads, engine, with_ct2, projection, compare_engines,
-          out_dir):
+          rollback_threshold, max_draft_tokens, device, dtype, threads, engine, quantize, with_ct2, projection,
+          compare_engines, out_dir):
     """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
     side (batch 1)."""
 
     from pipeline.bench.methods import render_markdown, run_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
-                                            prompt)
+                                            prompt, quantize)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
     with _ct2_models(pair, with_ct2) as ct2:
@@ -135,7 +136,7 @@ def _show_report(markdown: str, report: dict, out_dir: str | None, stem: str) ->
         (Path(out_dir) / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str))
 
 
-def _bench_pair(small, large, dtype, device, threads, engine):
+def _bench_pair(small, large, dtype, device, threads, engine, quantize="none"):
     """The named pair, or (either name missing) a tiny random T5 pair built in memory; ``threads``
     sets torch's CPU threads first."""
     import torch
@@ -148,16 +149,17 @@ def _bench_pair(small, large, dtype, device, threads, engine):
         from pipeline.tiny import build_pair
 
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
-        return ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine)
-    return load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine))
+        return ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine,
+                         quantize=quantize)
+    return load_pair(ModelSpec(small, large, dtype=dtype, device=device, engine=engine, quantize=quantize))
 
 
-def _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit, prompt):
+def _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit, prompt, quantize="none"):
     """(pair, texts, references) for a benchmark: the named pair (or a tiny random T5 pair built in
     memory) and the first ``limit`` lines of ``source``/``reference`` (or built-in sentences)."""
     from pathlib import Path
 
-    pair = _bench_pair(small, large, dtype, device, threads, engine)
+    pair = _bench_pair(small, large, dtype, device, threads, engine, quantize)
     texts = (Path(source).read_text(encoding="utf-8").splitlines() if source else list(_BENCH_TEXTS))[:limit]
     references = Path(reference).read_text(encoding="utf-8").splitlines()[:limit] if reference else None
     if prompt:
@@ -203,13 +205,13 @@ def bench_pipeline(small, large, records, repeats):
 @click.option("--out", "out_dir", default=None, help="Write bench_batch.md and bench_batch.json here.")
 def bench_batch(small, large, source, reference, prompt, limit, repeats, methods, batch_sizes, verify_shares,
                 max_new_tokens, fallback_threshold, rollback_threshold, max_draft_tokens, device, dtype, threads,
-                engine, with_ct2, out_dir):
+                engine, quantize, with_ct2, out_dir):
     """Batched decoding throughput: tokens/s at several batch sizes, ratios measured in one run."""
 
     from pipeline.bench.batch import render_markdown, run_batch_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
-                                            prompt)
+                                            prompt, quantize)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
     with _ct2_models(pair, with_ct2) as ct2:
@@ -235,8 +237,9 @@ def bench_batch(small, large, source, reference, prompt, limit, repeats, methods
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True)
 @engine_option
+@quantize_option
 @click.option("--out", "out_dir", default=None, help="Write table.md and table.json here.")
-def bench_table1(models, source, reference, preset, limit, max_new_tokens, threads, engine, out_dir):
+def bench_table1(models, source, reference, preset, limit, max_new_tokens, threads, engine, quantize, out_dir):
     """The paper's Table 1 on our pair: BLEU and speedup of large, small, aligned small and BiLD (unaligned,
     aligned), side by side (batch 1)."""
     import torch
@@ -244,7 +247,8 @@ def bench_table1(models, source, reference, preset, limit, max_new_tokens, threa
     from pipeline.bench.table1 import render_markdown, run_table1
 
     torch.set_num_threads(threads)
-    report = run_table1(models, source, reference, preset, limit=limit, max_new_tokens=max_new_tokens, engine=engine)
+    report = run_table1(models, source, reference, preset, limit=limit, max_new_tokens=max_new_tokens, engine=engine,
+                        quantize=quantize)
     _show_report(render_markdown(report), report, out_dir, "table")
 
 

@@ -30,12 +30,13 @@ def load_pair(spec: ModelSpec):
 @click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
 @click.argument("texts", nargs=-1, required=True)
-def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, prompt, as_json, texts, **options):
+def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, quantize, prompt, as_json, texts,
+             **options):
     """Decode TEXTS with a small/large pair and print each output with its statistics."""
     from pipeline.decoding import Generator
 
     config = decoding_config(options)
-    pair = load_pair(ModelSpec(small, large, tokenizer, dtype, device, trust_remote_code, engine))
+    pair = load_pair(ModelSpec(small, large, tokenizer, dtype, device, trust_remote_code, engine, quantize))
     inputs = [prompt.format(text=text) if prompt else text for text in texts]
     results = Generator(pair, config).generate(inputs)
     failed = False

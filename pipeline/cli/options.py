@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.decoding.config import DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, DecodingConfig
+from pipeline.decoding.config import DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig
 
 
 def options(*specs):
@@ -24,6 +24,11 @@ engine_option = click.option(
     help="auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
          "Hugging Face's modules (logged); hf: always Hugging Face's.")
 
+quantize_option = click.option(
+    "--quantize", type=click.Choice(QUANTIZE_NAMES), default="none", show_default=True,
+    help="int8: both models' linear layers and output heads in int8 where it pays (the native engine on a CPU, "
+         "float32; the job key models.quantize).")
+
 model_options = options(
     click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),
     click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
@@ -33,6 +38,7 @@ model_options = options(
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
     click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
     engine_option,
+    quantize_option,
 )
 
 _defaults = DecodingConfig()

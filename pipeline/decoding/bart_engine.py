@@ -82,8 +82,8 @@ class BartWeights(NativeWeights):
     """A BART-family checkpoint's weights, laid out once for decoding (shared by every engine of a model)."""
 
     @torch.no_grad()
-    def __init__(self, model: PreTrainedModel):
-        super().__init__(model, unsupported_reason(model))
+    def __init__(self, model: PreTrainedModel, quantize: str = "none"):
+        super().__init__(model, unsupported_reason(model), quantize)
         config = model.config
         self.family = FAMILIES[type(model).__name__]
         self.d_model = config.d_model
@@ -109,7 +109,7 @@ class BartWeights(NativeWeights):
         self.layer_count = len(self.decoder_layers)
         # Every layer's cross-attention keys and values from one matmul: [d, layers * 2 * d].
         linears = [linear for layer in decoder.layers for linear in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
-        self.cross_kv = Matrix(torch.cat([linear.weight.float() for linear in linears]), self.dtype)
+        self.cross_kv = self.layer_matrix(torch.cat([linear.weight.float() for linear in linears]))
         self.cross_kv_bias = torch.cat([linear.bias.float() for linear in linears]).to(self.dtype)
         # The head, with the final norm (pre-norm families) folded in and the final logits bias.
         head = model.get_output_embeddings().weight.float()  # [V, d]
@@ -118,7 +118,7 @@ class BartWeights(NativeWeights):
         if final_norm is not None:
             bias = bias + head @ final_norm.bias.float()
             head = head * final_norm.weight.float()[None, :]
-        self.head, self.head_bias = Matrix(head, self.dtype), bias.to(self.dtype)
+        self.head, self.head_bias = self.layer_matrix(head), bias.to(self.dtype)
         self.final_normalized = final_norm is not None
 
     # --- reading the checkpoint -------------------------------------------------------------------
@@ -145,7 +145,7 @@ class BartWeights(NativeWeights):
         if norm is not None and self.family.pre_norm:
             bias = bias + weight @ norm.bias.float()
             weight = weight * norm.weight.float()[None, :]
-        return Matrix(weight, self.dtype), bias.to(self.dtype)
+        return self.layer_matrix(weight), bias.to(self.dtype)
 
     def _layer(self, layer, cross: bool) -> _Layer:
         attention = layer.self_attn

@@ -13,6 +13,8 @@ DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
 # Which engine runs the models (engine.py): auto/native take the native one where it exists.
 ENGINES: tuple[str, ...] = ("auto", "native", "hf")
 DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
+# Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (int8.py).
+QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,15 @@ class ModelSpec:
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     trust_remote_code: bool = False
     engine: str = "auto"  # one of ENGINES
+    quantize: str = "none"  # one of QUANTIZE_NAMES
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.quantize not in QUANTIZE_NAMES:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_NAMES)}, got {self.quantize!r}")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ class ModelPair:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     engine_request: str = "auto"
+    quantize: str = "none"  # config.QUANTIZE_NAMES: "int8" runs int8 matrices where they pay (int8.py)
     _engines: dict = field(default_factory=dict, init=False, repr=False)
     _native: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -111,6 +112,9 @@ class ModelPair:
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
         reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
         self.engine_kind = engine_kind(self.engine_request, reasons)
+        if self.quantize != "none" and (self.engine_kind != "native" or self.device.type != "cpu"):
+            raise ValueError(f"models.quantize {self.quantize} runs on the native engine on a CPU; this pair runs on "
+                             f"the {self.engine_kind} engine on {self.device.type}")
 
     @property
     def dtype_name(self) -> str:
@@ -121,7 +125,8 @@ class ModelPair:
     def from_spec(cls, spec: ModelSpec) -> "ModelPair":
         """The pair a job, the CLI or a decoding actor describes."""
         return cls.from_pretrained(spec.small, spec.large, tokenizer=spec.tokenizer, dtype=spec.dtype,
-                                   device=spec.device, trust_remote_code=spec.trust_remote_code, engine=spec.engine)
+                                   device=spec.device, trust_remote_code=spec.trust_remote_code, engine=spec.engine,
+                                   quantize=spec.quantize)
 
     @classmethod
     def from_pretrained(
@@ -134,6 +139,7 @@ class ModelPair:
         device: str = "auto",
         trust_remote_code: bool = False,
         engine: str = "auto",
+        quantize: str = "none",
     ) -> "ModelPair":
         """Load both models by hub id or local folder; the tokenizer defaults to the large model's."""
         torch_device = resolve_device(device)
@@ -146,6 +152,7 @@ class ModelPair:
             tokenizer=shared_tokenizer,
             device=torch_device,
             engine_request=engine,
+            quantize=quantize,
         )
 
     def engine(self, role: str, slots: int) -> Engine:
@@ -158,7 +165,7 @@ class ModelPair:
         key = (role, slots)
         if key not in self._engines:
             if self.engine_kind == "native" and role not in self._native:
-                self._native[role] = native_weights(getattr(self, role))
+                self._native[role] = native_weights(getattr(self, role), self.quantize)
             self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
         return self._engines[key]
 
@@ -180,11 +187,11 @@ def native_unsupported_reason(model: PreTrainedModel) -> str | None:
     return f"no native engine for {type(model).__name__} ({model.config.model_type})"
 
 
-def native_weights(model: PreTrainedModel) -> NativeWeights:
-    """``model``'s weights laid out by its family for the native engine."""
+def native_weights(model: PreTrainedModel, quantize: str = "none") -> NativeWeights:
+    """``model``'s weights laid out by its family for the native engine (int8 where ``quantize`` asks)."""
     for family, weights in NATIVE_FAMILIES:
         if family.unsupported_reason(model) is None:
-            return weights(model)
+            return weights(model, quantize)
     raise ValueError(native_unsupported_reason(model))
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
+from pipeline.decoding import int8
 
 
 class NativeWeights(ABC):
@@ -39,11 +40,23 @@ class NativeWeights(ABC):
     layer_count: int  # decoder layers
     attention_scale: float  # on q.k: 1.0 for T5, d_kv ** -0.5 for BART-like models
 
-    def __init__(self, model, unsupported: str | None):
-        """``unsupported``: the family's reason not to run ``model`` (its ``unsupported_reason``), or None."""
+    def __init__(self, model, unsupported: str | None, quantize: str = "none"):
+        """``unsupported``: the family's reason not to run ``model`` (its ``unsupported_reason``), or None;
+        ``quantize``: "none", or "int8" for int8 matrices where they pay (int8.py; float32 on a CPU only)."""
         if unsupported:
             raise ValueError(unsupported)
         self.dtype, self.device = model.dtype, model.device
+        if quantize == "int8" and (self.device.type != "cpu" or self.dtype != torch.float32):
+            raise ValueError(f"models.quantize int8 runs on the CPU in float32 only, not on {self.device.type} "
+                             f"in {str(self.dtype).removeprefix('torch.')}")
+        self.quantize = quantize
+
+    def layer_matrix(self, weight: torch.Tensor) -> "Matrix | int8.Int8Matrix":
+        """A layer's float [out, in] weight as this model multiplies by it: int8 where asked for and
+        where it pays (int8.pays_off), else in the model's dtype."""
+        if self.quantize == "int8" and int8.pays_off(weight):
+            return int8.Int8Matrix(weight)
+        return Matrix(weight, self.dtype)
 
     @abstractmethod
     def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -50,8 +50,8 @@ class T5Weights(NativeWeights):
     attention_scale = 1.0  # T5 does not scale q.k
 
     @torch.no_grad()
-    def __init__(self, model: PreTrainedModel):
-        super().__init__(model, unsupported_reason(model))
+    def __init__(self, model: PreTrainedModel, quantize: str = "none"):
+        super().__init__(model, unsupported_reason(model), quantize)
         config = self.config = model.config
         self.d_model, self.heads, self.d_kv = config.d_model, config.num_heads, config.d_kv
         self.eps = config.layer_norm_epsilon
@@ -62,7 +62,7 @@ class T5Weights(NativeWeights):
             weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
             if norm is not None:
                 weight = weight * norm.weight.float()[None, :]
-            return Matrix(weight, self.dtype)
+            return self.layer_matrix(weight)
 
         def feed_forward(block) -> tuple[torch.Tensor, torch.Tensor]:
             dense = block.DenseReluDense
@@ -99,7 +99,7 @@ class T5Weights(NativeWeights):
         head = model.lm_head.weight.float() * model.decoder.final_layer_norm.weight.float()[None, :]
         if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
             head = head * self.d_model**-0.5
-        self.head = Matrix(head, self.dtype)  # [d, V]
+        self.head = self.layer_matrix(head)  # [d, V]
 
     # --- pieces of the forward pass ---------------------------------------------------------------
 

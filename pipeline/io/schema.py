@@ -29,6 +29,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("config_hash", pa.string()),
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
         ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
+        ("quantize", pa.string()),  # how its weights were multiplied: "none" or "int8" (models.quantize)
         # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
         # took, report.baseline's passes excluded. Every row of a call carries the same two values;
         # the union of a worker's calls is its busy time.

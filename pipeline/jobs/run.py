@@ -43,7 +43,7 @@ from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS = ["id", "error", "engine", *STATS_COLUMNS]  # what the job's closing summary reads
+SUMMARY_COLUMNS = ["id", "error", "engine", "quantize", *STATS_COLUMNS]  # what the job's closing summary reads
 
 
 class OutputExistsError(ValueError):
@@ -65,6 +65,7 @@ class RunSummary:
     fallbacks_per_100_tokens: float
     rollbacks_per_100_tokens: float
     engines: list[str]  # what ran the models this run ("native", "hf"); from the output's engine column
+    quantized: list[str] = dataclasses.field(default_factory=list)  # "int8" where models.quantize was
 
     @property
     def tokens_per_second(self) -> float:
@@ -81,7 +82,8 @@ class RunSummary:
                 f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
                 f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
                 f"rollbacks per 100 tokens",
-                f"  engine: {', '.join(self.engines) or 'none'}",
+                f"  engine: {', '.join(self.engines) or 'none'}"
+                + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
             ]
         )
 
@@ -293,4 +295,5 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
         rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
         engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
+        quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
     )

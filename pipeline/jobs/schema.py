@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.decoding.config import DTYPE_NAMES, ENGINES, DecodingConfig, ModelSpec
+from pipeline.decoding.config import DTYPE_NAMES, ENGINES, QUANTIZE_NAMES, DecodingConfig, ModelSpec
 
 
 class _Section(BaseModel):
@@ -43,6 +43,20 @@ class ModelsSection(_Section):
         default="auto",
         description="auto/native: our own forward pass where the architecture has one (the T5 and BART "
                     "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
+    quantize: Literal[QUANTIZE_NAMES] = Field(
+        default="none",
+        description="int8: both models' linear layers and output heads in int8 (per-channel weights, per-row "
+                    "activations) where it pays; the native engine on a CPU in float32 only.")
+
+    @model_validator(mode="after")
+    def _int8_runs_where_it_can(self):
+        if self.quantize == "int8":
+            if self.engine == "hf":
+                raise ValueError("models.quantize int8 runs on the native engine; models.engine is 'hf'")
+            if self.device.startswith("cuda") or self.dtype not in ("float32", "auto"):
+                raise ValueError(f"models.quantize int8 runs on the CPU in float32; models.device is "
+                                 f"{self.device!r} and models.dtype {self.dtype!r}")
+        return self
 
     def to_spec(self) -> ModelSpec:
         return ModelSpec(**self.model_dump())

@@ -107,6 +107,8 @@ def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     assert set(rows) == set(OURS + HF + CT2)
     assert rows["ct2_large"]["exact_match_with_large"] == 1.0
     assert rows["ct2_large"]["speed_vs_ct2_large"] == 1.0 and rows["bild"]["speed_vs_ct2_large"] > 0
+    assert rows["ct2_large_int8"]["speed_vs_ct2_large_int8"] == 1.0 and rows["bild"]["speed_vs_ct2_large_int8"] > 0
+    assert rows["ct2_large_int8"]["speed_vs_ct2_large"] != 1.0  # a second translator, timed on its own
     assert "speed_vs_ct2_large" in render_markdown(report) and "CTranslate2 4." in render_markdown(report)
 
     report = run_batch_bench(pair, TEXTS * 2, None, config, methods=("large",), batch_sizes=(1, 3), repeats=1, ct2=ct2)
@@ -115,6 +117,8 @@ def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     assert cells["ct2_large B=3"]["identical_to_ours"] and cells["ct2_large B=3"]["identical_to_b1"]
     assert cells["ct2_large B=3"]["ratio_vs_ct2_large_same_b"] == 1.0
     assert cells["large B=3"]["ratio_vs_ct2_large_same_b"] > 0
+    assert cells["ct2_large_int8 B=3"]["ratio_vs_ct2_large_int8_same_b"] == 1.0
+    assert cells["large B=3"]["ratio_vs_ct2_large_int8_same_b"] > 0
     assert "| ct2_large B=3 |" in render_batch(report)
 
 

@@ -120,8 +120,11 @@ def write_input(tmp_path, ids):
     [({"decoding": {"methd": "bild"}}, "decoding.methd: unknown key"),
      ({"compute": {"actors": 0}}, "compute.actors"),
      ({"decoding": {"max_new_tokens": "many"}}, "decoding.max_new_tokens"),
-     ({"output": None}, "output: Field required")],
-    ids=["unknown-key", "out-of-range", "wrong-type", "missing-section"],
+     ({"output": None}, "output: Field required"),
+     ({"models": {"quantize": "int4"}}, "models.quantize"),
+     ({"models": {"quantize": "int8", "engine": "hf"}}, "models.quantize int8 runs on the native engine"),
+     ({"models": {"quantize": "int8", "device": "cuda"}}, "models.quantize int8 runs on the CPU")],
+    ids=["unknown-key", "out-of-range", "wrong-type", "missing-section", "quantize", "int8-on-hf", "int8-on-gpu"],
 )
 def test_a_bad_job_file_exits_2_naming_the_key(tmp_path, command, sections, key):
     """validate and run refuse a bad job file with exit code 2 and name the offending key (before Ray)."""
@@ -212,3 +215,19 @@ def test_run_refuses_an_incompatible_pair_with_exit_2_before_starting_ray(mismat
     result = CliRunner().invoke(main, ["run", str(job)])
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"{job}: the small and large model have different vocabularies")
+
+
+@pytest.mark.slow
+def test_an_int8_run_says_so_in_its_rows_and_summary(ray_local, saved_tiny_pair, tmp_path):
+    """models.quantize: int8 reaches the actors: every row's `quantize` column and the summary say int8."""
+    from pipeline.io.storage import read_output_table
+
+    small, large = saved_tiny_pair
+    write_input(tmp_path, ["a", "b", "c"])
+    job = write_job(tmp_path, models={"small": small, "large": large})
+    result = CliRunner().invoke(main, ["run", str(job), "--set", "models.quantize=int8"])
+    assert result.exit_code == 0, result.output
+    assert "engine: native, weights int8" in result.output
+    rows = read_output_table(str(tmp_path / "out"), columns=["id", "quantize", "error"]).to_pylist()
+    assert sorted(row["id"] for row in rows) == ["a", "b", "c"]
+    assert {row["quantize"] for row in rows} == {"int8"} and {row["error"] for row in rows} == {None}
