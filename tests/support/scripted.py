@@ -31,8 +31,10 @@ class ScriptedEngine(Engine):
         self.script = script  # prefix (tokens up to and including the current one) -> probs [V]
         self.seen: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens, by position
         self.fed: list[list[int]] = []  # the tokens fed, per row and call
+        self.admitted: list[list[int]] = []  # the slots of each admission, in order
 
     def _admit(self, slots, input_ids, encoded):
+        self.admitted.append(list(slots))
         for slot in slots:
             self.seen[slot] = []
         return None
