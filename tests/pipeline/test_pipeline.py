@@ -245,65 +245,158 @@ def test_job_files_validate_and_name_the_bad_key(tmp_path):
 
 
 def _decode_actor_pids() -> list[int]:
-    """Processes of live decode actors (Ray titles them after the stage)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"MapBatches(DecodeStage)" in cmdline:
-                pids.append(int(entry.name))
-    return pids
+    """Processes of this test session's live decode actors, as its own Ray's GCS lists them (Ray Data
+    names their class MapWorker(MapBatches(DecodeStage))). ray.util.state needs the dashboard, which
+    ray_local leaves out, so this asks the GCS as ray.util.state's own server does."""
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    return [actor["Pid"] for actor in ray._private.state.actors().values()
+            if actor["State"] == "ALIVE" and "DecodeStage" in actor["ActorClassName"] and actor["Pid"]
+            and actor["JobID"] == job]
+
+
+def _raylet_of(pid: int) -> int:
+    """The raylet that started worker process `pid` (its parent, which Ray also puts in its environment)."""
+    parent = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    environ = dict(item.split(b"=", 1) for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+                   if b"=" in item)
+    assert int(environ[b"RAY_RAYLET_PID"]) == parent
+    return parent
 
 
 def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tiny_pair, tmp_path):
+    """SIGKILL this test's own decode actor (the one writing this job's rows, started by this session's
+    raylet; other runs' actors on the machine are left alone): every id is still written exactly once."""
     import threading
 
+    own_raylets = {process.process.pid for process in ray_local._private.worker._global_node.all_processes["raylet"]}
     ids = write_shards(str(tmp_path / "in"), 48, 8)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 24},
                    compute={"batch_size": 1}, output={"rows_per_file": 2})
     outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(summary=run_job(job)))
+
+    def run():
+        try:
+            outcome["summary"] = run_job(job)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
     worker.start()
     data_dir, killed = tmp_path / "out" / "data", []
     deadline = time.time() + 120
     while not killed and time.time() < deadline and worker.is_alive():
         if data_dir.exists() and any(data_dir.glob("*.parquet")):  # the actor is mid-job
             for pid in _decode_actor_pids():
+                assert _raylet_of(pid) in own_raylets, f"pid {pid} is not an actor of this test's Ray"
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         time.sleep(0.05)
     worker.join(timeout=300)
-    assert killed, "the test must kill a decode actor while the job runs"
+    assert len(killed) == 1, f"the test must kill its one decode actor while the job runs: {killed}"
+    assert "summary" in outcome, f"the job failed: {outcome.get('error')!r}"
     assert outcome["summary"].records_in_output == len(ids)
     table = output_rows(job)
     assert_one_row_per_id(table, ids)
     assert table.column("error").null_count == table.num_rows
-    assert len(set(table.column("worker").to_pylist())) >= 2  # the replacement actor finished the job
+    workers = {int(name.rsplit(":", 1)[1]) for name in table.column("worker").to_pylist()}
+    assert killed[0] in workers and len(workers) >= 2, (killed, workers)  # the killed one wrote rows, another ended
 
 
-def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_pair, tmp_path):
-    """Unless --verbose, a job's console is its progress lines and summary: Ray Data's operator
-    tables stay in Ray's log files."""
-    import io
+# What Ray Data's operator tables and INFO logs print ("2026-01-01 10:00:00,000\tINFO streaming_executor.py ...").
+RAY_DATA_CHATTER = r"\bINFO\b|Running Dataset|Execution plan|Starting execution|execution finished|Total Progress"
+
+
+def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_pair, tmp_path, capfd, monkeypatch):
+    """`bild-pipeline run JOB` (in this process, on ray_local): stderr holds its progress lines
+    `decoding: N/TOTAL records (P%), ...` (and Ray's warnings, if any), stdout its summary; Ray Data's
+    operator tables and INFO logs reach neither the command's streams nor the process's file descriptors.
+
+    Progress prints every 5 s in a job; here every 0.2 s, so that a few seconds of decoding print
+    several lines."""
     import logging
+    import re
 
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
     from pipeline.jobs.console import Progress, quiet_ray
 
-    ids = write_shards(str(tmp_path / "in"), 8, 2)
-    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", compute={"actors": 1, "batch_size": 2},
-                   output={"rows_per_file": 2})
-    run_job(job, progress=True)
+    ids = write_shards(str(tmp_path / "in"), 24, 4)
+    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 16},
+                   compute={"actors": 1, "batch_size": 1}, output={"rows_per_file": 2})
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job.model_dump()))
+    monkeypatch.setattr(Progress, "interval_seconds", 0.2)
+    capfd.readouterr()  # what earlier tests left on the descriptors
+    result = CliRunner().invoke(main, ["run", str(job_file)])
+    outside = capfd.readouterr()
+    assert result.exit_code == 0, result.output
     assert logging.getLogger("ray.data").getEffectiveLevel() >= logging.WARNING  # quiet_ray ran
-    fs, path = open_filesystem(str(tmp_path / "out"))
-    stream = io.StringIO()
-    progress = Progress(fs, path, total=len(ids), stream=stream)
-    progress.seen.clear()  # count the finished run's files as if they had just been written
-    assert progress._count() and progress.records == len(ids)
-    progress._show()
-    assert stream.getvalue().startswith(f"decoding: {len(ids)}/{len(ids)} records (100%)")
+
+    lines = [line for line in result.stderr.splitlines() if line.startswith("decoding: ")]  # Ray's warnings show
+    assert lines, "no progress line: the job ended before the first one"
+    done = []
+    for line in lines:
+        found = re.fullmatch(r"decoding: (\d+)/24 records \((\d+)%\), \d+ output tokens/s, ETA (\d+ s|-)", line)
+        assert found, f"not a progress line: {line!r}"
+        records, percent = int(found[1]), int(found[2])
+        assert 0 < records <= len(ids) and percent == round(100 * records / len(ids))
+        assert (found[3] == "-") == (records == len(ids))
+        done.append(records)
+    assert done == sorted(done)  # the count only grows
+    summary = result.stdout.splitlines()
+    assert summary[0] == f"job test: {len(ids)}/{len(ids)} records in {tmp_path / 'out'}"
+    assert re.fullmatch(rf"  this run: {len(ids)} decoded \(0 errors\), 0 already done and skipped, [\d.]+ s",
+                        summary[1])
+    assert summary[2].startswith("  throughput: ") and summary[3].startswith("  BiLD: ")
+    assert summary[4:] == ["  engine: native"]
+    for stream in (result.output, outside.out, outside.err):
+        assert not re.search(RAY_DATA_CHATTER, stream), f"Ray Data's output reached the console: {stream[-2000:]}"
     quiet_ray(verbose=True)
     assert logging.getLogger("ray.data").getEffectiveLevel() == logging.INFO
     quiet_ray(verbose=False)
+
+
+def test_a_sampled_record_depends_on_its_id_and_seed_not_on_where_or_when_it_ran(ray_local, saved_tiny_pair,
+                                                                                 tmp_path):
+    """Sampling (decoding.do_sample) seeds each record from decoding.seed and its id (stage.record_seed):
+    one record at a time in input order, and in batches of 4 from shuffled shards (each job on its own
+    actor), give every record the output it gets decoded alone here; another seed changes some record's."""
+    import random
+
+    from pipeline.decoding import DecodingConfig, Generator, ModelPair
+    from pipeline.stage import record_seed
+
+    ids = write_shards(str(tmp_path / "in"), 8, 1)
+    rows = pq.read_table(tmp_path / "in" / "shard-000.parquet").to_pylist()
+    random.Random(0).shuffle(rows)
+    (tmp_path / "shuffled").mkdir()
+    for shard in range(4):  # the same records, in another order and in other shards
+        pq.write_table(pa.Table.from_pylist(rows[shard::4]), tmp_path / "shuffled" / f"part-{shard}.parquet")
+    sampling = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 8, "seed": 7}
+
+    def outputs(input_dir: str, compute: dict) -> dict[str, tuple]:
+        job = make_job(saved_tiny_pair, tmp_path / input_dir, tmp_path / f"out-{input_dir}", decoding=sampling,
+                       compute=compute, output={"rows_per_file": 2})
+        run_job(job)
+        table = output_rows(job)
+        assert_one_row_per_id(table, ids)
+        assert table.column("error").null_count == table.num_rows
+        return {row["id"]: (row["prediction"], row["output_tokens"]) for row in table.to_pylist()}
+
+    alone = outputs("in", {"actors": 1, "batch_size": 1})
+    batched = outputs("shuffled", {"actors": 1, "batch_size": 4, "records_per_call": 4})
+    assert batched == alone
+
+    pair = ModelPair.from_pretrained(*saved_tiny_pair, device="cpu")
+    texts = {row["id"]: row["text"] for row in rows}
+
+    def here(seed: int) -> dict[str, tuple]:
+        config = DecodingConfig(method="bild", **{**sampling, "seed": seed})
+        results = Generator(pair, config).generate([texts[key] for key in ids], [record_seed(seed, key) for key in ids])
+        return {key: (result.prediction, result.stats.output_tokens) for key, result in zip(ids, results)}
+
+    assert here(7) == alone
+    assert any(other != alone[key] for key, other in here(8).items()), "another seed must change some output"

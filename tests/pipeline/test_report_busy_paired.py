@@ -95,8 +95,16 @@ def test_a_job_with_a_paired_baseline_reports_speedup_quality_and_plots(ray_loca
     summary, numeric = build_report(str(tmp_path / "out"))
     found = summary["paired_baseline"]
     assert found["method"] == "large" and found["records"] == 6 and found["latency_speedup"] > 0
+    # Both sides' scores are sacrebleu's on the paired rows' own texts (the delta's sign and size are
+    # checked on made-up texts below: these random outputs score about 0 on both sides).
+    side = {"run": [paired[i]["prediction"] for i in ids[:6]], "baseline": [paired[i]["baseline_prediction"]
+                                                                         for i in ids[:6]]}
+    refs = [[paired[i]["reference"] for i in ids[:6]]]
+    for name in ("run", "baseline"):
+        assert found["quality"]["bleu"][name] == pytest.approx(sacrebleu.corpus_bleu(side[name], refs).score)
+        assert found["quality"]["chrf"][name] == pytest.approx(sacrebleu.corpus_chrf(side[name], refs).score)
     for interval in found["quality"].values():
-        assert interval["low"] <= interval["delta"] <= interval["high"]
+        assert interval["delta"] == pytest.approx(interval["run"] - interval["baseline"])
     assert set(summary["throughput"]["per_actor_busy_seconds"]) == set(table["worker"].to_pylist())
     written = {path.name for path in write_report(summary, numeric, tmp_path / "report")}
     assert {"small_share.png", "rates_vs_length.png", "latency_vs_length.png", "throughput_over_time.png"} <= written
@@ -104,6 +112,56 @@ def test_a_job_with_a_paired_baseline_reports_speedup_quality_and_plots(ray_loca
     assert "## Against `large` on 6 paired records" in report and "95% interval" in report
     assert "![throughput_over_time](throughput_over_time.png)" in report
     assert "bild" in result_line(summary) and "x the speed of large on 6 paired records" in result_line(summary)
+
+
+REFERENCES = ["the cat sat on the mat", "a dog runs in the park", "two men play football in the rain",
+              "a woman reads a book on the bench", "children build a sandcastle at the beach",
+              "a man rides his bike to work", "musicians play on the stage tonight", "the sun sets over the hills",
+              "an old man feeds the birds", "a girl paints a picture of the sea"]
+
+
+def made_up_run(path, rows: list[dict]) -> None:
+    """A finished run's output written by hand: one Parquet file in the output schema."""
+    import pyarrow.parquet as pq
+
+    from pipeline.io.schema import OUTPUT_SCHEMA
+    from pipeline.io.storage import data_path, open_filesystem
+
+    fs, base = open_filesystem(str(path))
+    fs.makedirs(data_path(base), exist_ok=True)
+    full = [{"method": "bild", "input_tokens": 5, "truncated": False, "output_tokens": 6, "small_tokens": 4,
+             "large_tokens": 2, "latency_ms": 10.0, "job_name": "made-up", "worker": "host:1", "engine": "native",
+             "call_started_at": 1000.0 + i, "call_seconds": 0.01, **row} for i, row in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(full, schema=OUTPUT_SCHEMA), f"{data_path(base)}/part-0.parquet")
+
+
+def test_the_paired_quality_difference_is_sacrebleus_run_minus_baseline(ray_local, tmp_path):
+    """On texts whose baseline side is close to the references and whose run side is not, the report's
+    paired difference is sacrebleu's corpus BLEU (and chrF) of the run minus the baseline's, on the paired
+    records with a reference only: its sign says which side is better."""
+    from pipeline.jobs.report import paired_baseline, read_run
+
+    worse = [" ".join(ref.split()[::-1][:4]) for ref in REFERENCES]  # the run: words reversed and cut
+    closer = [ref.replace("a ", "one ", 1) for ref in REFERENCES]  # the baseline: one word changed
+    rows = [{"id": f"p{i}", "prediction": worse[i], "reference": ref, "baseline_method": "large",
+             "baseline_prediction": closer[i], "baseline_output_tokens": 7, "baseline_latency_ms": 30.0}
+            for i, ref in enumerate(REFERENCES)]
+    rows += [{"id": "no-reference", "prediction": "x y", "reference": None, "baseline_method": "large",
+              "baseline_prediction": "x y z", "baseline_output_tokens": 3, "baseline_latency_ms": 30.0},
+             {"id": "unpaired", "prediction": "the cat", "reference": "the cat sat on the mat"}]
+    made_up_run(tmp_path / "run", rows)
+
+    found = paired_baseline(read_run(str(tmp_path / "run"))[0], "translation")  # the report's paired_baseline
+    assert found["records"] == 11 and found["records_scored"] == 10
+    assert found["latency_speedup"] == pytest.approx(3.0)
+    refs = [REFERENCES]
+    expected = {"bleu": (sacrebleu.corpus_bleu(worse, refs).score, sacrebleu.corpus_bleu(closer, refs).score),
+                "chrf": (sacrebleu.corpus_chrf(worse, refs).score, sacrebleu.corpus_chrf(closer, refs).score)}
+    for name, (run, baseline) in expected.items():
+        interval = found["quality"][name]
+        assert (interval["run"], interval["baseline"]) == (pytest.approx(run), pytest.approx(baseline)), name
+        assert interval["delta"] == pytest.approx(run - baseline) and interval["delta"] < -10, name
+        assert interval["low"] <= interval["delta"] <= interval["high"] < 0, name
 
 
 def test_the_baseline_must_differ_from_the_method():

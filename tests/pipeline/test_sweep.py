@@ -66,10 +66,24 @@ def test_tune_writes_a_preset_that_a_job_accepts(tmp_path):
     assert "the fastest point" in out.read_text()
 
 
+def large_greedy_outputs(pair: tuple[str, str], texts: list[str], max_new_tokens: int) -> list[str]:
+    """What the large model alone writes for each text (greedy), decoded here in the test process."""
+    from pipeline.decoding import Generator, ModelPair
+
+    loaded = ModelPair.from_pretrained(*pair, device="cpu")
+    config = DecodingConfig(method="large", max_new_tokens=max_new_tokens)
+    return [result.prediction for result in Generator(loaded, config).generate(texts)]
+
+
 @pytest.mark.slow
 def test_two_by_two_sweep_on_tiny_models_resumes(ray_local, saved_tiny_pair, tmp_path):
+    """Every record under every point once; the rb0 points give large's output record by record; the
+    table's latency, speedup, BLEU and Pareto flags are those of its rows; a rerun decodes nothing."""
+    import sacrebleu
+
     texts = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.", "Kinder bauen."]
-    pq.write_table(pa.table({"id": [f"s{i}" for i in range(4)], "text": texts, "ref": texts}), tmp_path / "in.parquet")
+    refs = large_greedy_outputs(saved_tiny_pair, texts, 8)  # references on which the points' BLEU differs
+    pq.write_table(pa.table({"id": [f"s{i}" for i in range(4)], "text": texts, "ref": refs}), tmp_path / "in.parquet")
     small, large = saved_tiny_pair
     job = JobConfig.model_validate({
         "name": "sweep", "input": {"path": str(tmp_path / "in.parquet"), "reference_column": "ref"},
@@ -78,14 +92,37 @@ def test_two_by_two_sweep_on_tiny_models_resumes(ray_local, saved_tiny_pair, tmp
         "output": {"path": str(tmp_path / "out"), "mode": "resume"},
     })
     summary, table = run_sweep(job, [0.2, 0.6], [0.0, 5.0])
-    rows = read_output_table(str(tmp_path / "out"))
-    assert rows.num_rows == 4 * 6  # every record under every point, exactly once
+    rows = read_output_table(str(tmp_path / "out")).to_pylist()
+    assert len(rows) == 4 * 6 and all(row["error"] is None for row in rows)  # every record, every point, once
     by_point = {p["point"]: p for p in table}
     assert set(by_point) == {"large", "small", "bild_fb0.2_rb0", "bild_fb0.2_rb5", "bild_fb0.6_rb0", "bild_fb0.6_rb5"}
-    # Greedy BiLD with rollback_threshold 0 is lossless: same quality as large, whatever the fallback.
-    assert by_point["bild_fb0.2_rb0"]["bleu"] == pytest.approx(by_point["large"]["bleu"])
-    assert by_point["large"]["speedup_vs_large"] == pytest.approx(1.0)
-    assert any(p["pareto"] for p in table)
+    out = {(row["point"], row["id"]): row for row in rows}
+    assert len(out) == 24
+
+    def decoded(point: str, key: str) -> tuple[str, int]:
+        return out[(point, key)]["prediction"], out[(point, key)]["output_tokens"]
+
+    ids = [f"s{i}" for i in range(4)]
+    # Greedy BiLD with rollback_threshold 0 is lossless: large's output for every record, whatever the
+    # fallback; it did draft and roll back (so a skipped rollback would show), and small alone differs.
+    for point in ("bild_fb0.2_rb0", "bild_fb0.6_rb0"):
+        assert [decoded(point, key) for key in ids] == [decoded("large", key) for key in ids], point
+        assert sum(out[(point, key)]["rollbacks"] for key in ids) > 0, point
+    assert sum(out[("bild_fb0.2_rb0", key)]["small_tokens"] for key in ids) > 0
+    assert any(decoded("small", key) != decoded("large", key) for key in ids), "the comparison could not fail"
+
+    # The table's numbers are its rows': mean latency, speedup over large, sacrebleu's corpus BLEU; the
+    # Pareto flags are those of these numbers.
+    latency = {p: sum(out[(p, key)]["latency_ms"] for key in ids) / len(ids) for p in by_point}
+    bleu = {p: sacrebleu.corpus_bleu([out[(p, key)]["prediction"] for key in ids],
+                                     [[out[(p, key)]["reference"] for key in ids]]).score for p in by_point}
+    assert len(set(bleu.values())) > 1  # the references tell the points apart
+    for name, point in by_point.items():
+        assert point["latency_ms"] == pytest.approx(latency[name]), name
+        assert point["speedup_vs_large"] == pytest.approx(latency["large"] / latency[name]), name
+        assert point["bleu"] == pytest.approx(bleu[name]), name
+    recomputed = [{"latency_ms": latency[p["point"]], "bleu": bleu[p["point"]]} for p in table]
+    assert [p["pareto"] for p in table] == pareto_flags(recomputed, "bleu")
     # Rerunning finds every (record, point) done and decodes nothing.
     again, _ = run_sweep(job, [0.2, 0.6], [0.0, 5.0])
     assert again.decoded_now == 0 and again.skipped_existing == 4
