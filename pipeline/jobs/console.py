@@ -16,6 +16,9 @@ import time
 import pyarrow.parquet as pq
 
 from pipeline.io.storage import output_files
+from pipeline.metrics.summary import actor_calls, decoding_rate
+
+PROGRESS_COLUMNS = ["output_tokens", "worker", "call_started_at", "call_seconds", "error"]
 
 
 def quiet_ray(verbose: bool) -> None:
@@ -33,8 +36,9 @@ def quiet_ray(verbose: bool) -> None:
 
 class Progress:
     """Prints ``records done/total, tokens/s, ETA`` every ``interval`` seconds while a job writes its
-    output files (counted from the files' footers); one rewritten line on a terminal, a line per
-    change elsewhere."""
+    output files (counted from the files themselves); one rewritten line on a terminal, a line per
+    change elsewhere. tokens/s is decoding's: over each actor's busy time (its calls), summed over
+    the actors, so that Ray's start-up and model loading do not count against it."""
 
     interval_seconds = 5.0
 
@@ -43,7 +47,8 @@ class Progress:
         self.interval = self.interval_seconds if interval is None else interval
         self.stream = stream or sys.stderr
         self.seen = set(output_files(fs, path))  # files of earlier attempts (resume) are not this run's
-        self.records = self.tokens = 0
+        self.records = 0
+        self.calls: dict[str, dict[tuple[float, float], int]] = {}  # worker -> (start, seconds) -> tokens
         self.started = time.perf_counter()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -69,19 +74,26 @@ class Progress:
         for file in fresh:
             try:
                 with self.fs.open(file, "rb") as handle:
-                    column = pq.read_table(handle, columns=["output_tokens"])["output_tokens"]
+                    rows = pq.read_table(handle, columns=PROGRESS_COLUMNS)
             except Exception:  # noqa: BLE001 - a file still being written: count it next time
                 continue
             self.seen.add(file)
-            self.records += len(column)
-            self.tokens += sum(value or 0 for value in column.to_pylist())
+            self.records += rows.num_rows
+            for worker, found in actor_calls(rows).items():  # a call's rows may span files
+                for start, seconds, tokens in found:
+                    known = self.calls.setdefault(worker, {})
+                    known[start, seconds] = known.get((start, seconds), 0) + tokens
         return bool(fresh)
+
+    def decoding_rate(self) -> float:
+        return decoding_rate({worker: [(start, seconds, tokens) for (start, seconds), tokens in found.items()]
+                              for worker, found in self.calls.items()})
 
     def _show(self) -> None:
         elapsed = time.perf_counter() - self.started
         rate = self.records / elapsed if elapsed else 0.0
         left = f"ETA {(self.total - self.records) / rate:.0f} s" if rate and self.records < self.total else "ETA -"
         line = (f"decoding: {self.records}/{self.total} records ({100 * self.records / max(self.total, 1):.0f}%), "
-                f"{self.tokens / elapsed:.0f} output tokens/s, {left}")
+                f"{self.decoding_rate():.0f} output tokens/s, {left}")
         self.stream.write(f"\r{line}" if self.stream.isatty() else f"{line}\n")
         self.stream.flush()

@@ -38,12 +38,13 @@ from pipeline.io.storage import (
 from pipeline.decoding.config import DecodingConfig
 from pipeline.jobs.console import Progress, quiet_ray
 from pipeline.jobs.schema import JobConfig
-from pipeline.metrics.summary import decode_totals
+from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS = ["id", "error", "engine", "quantize", *STATS_COLUMNS]  # what the job's closing summary reads
+# What the job's closing summary reads.
+SUMMARY_COLUMNS = ["id", "error", "engine", "quantize", "worker", "call_started_at", "call_seconds", *STATS_COLUMNS]
 
 
 class OutputExistsError(ValueError):
@@ -66,6 +67,15 @@ class RunSummary:
     rollbacks_per_100_tokens: float
     engines: list[str]  # what ran the models this run ("native", "hf"); from the output's engine column
     quantized: list[str] = dataclasses.field(default_factory=list)  # "int8" where models.quantize was
+    # Decoding alone: this run's output tokens per second of each actor's busy time (the union of its
+    # calls), summed over the actors, and their mean busy seconds.
+    decoding_tokens_per_second: float = 0.0
+    actors_busy_seconds: float = 0.0
+    actors: int = 0
+    # End to end, from the job's start (Ray, reading the input, loading the models included); start-up
+    # is the time until the first actor call began decoding.
+    end_to_end_seconds: float = 0.0
+    startup_seconds: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -77,8 +87,12 @@ class RunSummary:
                 f"job {self.job_name}: {self.records_in_output}/{self.records_in_input} records in {self.output_path}",
                 f"  this run: {self.decoded_now} decoded ({self.errors_now} errors), "
                 f"{self.skipped_existing} already done and skipped, {self.wall_seconds:.1f} s",
-                f"  throughput: {self.tokens_per_second:.1f} output tokens/s, "
-                f"{self.decoded_now / self.wall_seconds if self.wall_seconds else 0:.2f} records/s",
+                f"  throughput: decoding {self.decoding_tokens_per_second:.1f} output tokens/s on {self.actors} "
+                f"actor(s) (busy {self.actors_busy_seconds:.1f} s each on average); end to end "
+                f"{self._per_second(self.output_tokens_now):.1f} output tokens/s, "
+                f"{self._per_second(self.decoded_now):.2f} records/s ({self.end_to_end_seconds:.1f} s"
+                + (f", of which {self.startup_seconds:.1f} s start-up" if self.startup_seconds is not None else "")
+                + ")",
                 f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
                 f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
                 f"rollbacks per 100 tokens",
@@ -86,6 +100,9 @@ class RunSummary:
                 + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
             ]
         )
+
+    def _per_second(self, count: int) -> float:
+        return count / self.end_to_end_seconds if self.end_to_end_seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second}
@@ -217,6 +234,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
     under every point by the same actor and the output rows carry a ``point`` column. ``progress``
     prints one progress line while it decodes; ``verbose`` lets Ray's own output through."""
+    job_started = time.time()  # Unix seconds, as the rows' call_started_at
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
     _check_pair_early(job)  # before anything is read, removed or started
@@ -270,17 +288,22 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
         raise
     wall = time.perf_counter() - started
 
-    summary = summarize(job, records_in_input=len(ids), decoded=todo, wall_seconds=wall)
+    summary = summarize(job, records_in_input=len(ids), decoded=todo, wall_seconds=wall, job_started=job_started)
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)
     return summary
 
 
-def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float) -> RunSummary:
+def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float,
+              job_started: float | None = None) -> RunSummary:
     table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
     now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
     totals = decode_totals(now)
+    calls = actor_calls(now) if now.num_rows else {}
+    busy = {worker: busy_seconds(found) for worker, found in calls.items()}
+    first_call = pc.min(now["call_started_at"]).as_py() if now.num_rows else None
+    job_started = job_started if job_started is not None else time.time() - wall_seconds
     return RunSummary(
         job_name=job.name,
         output_path=job.output.path,
@@ -295,5 +318,10 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
         rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
         engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
+        decoding_tokens_per_second=decoding_rate(calls),
+        actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
+        actors=len(busy),
+        end_to_end_seconds=time.time() - job_started,
+        startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
         quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
     )

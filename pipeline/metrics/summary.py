@@ -69,6 +69,12 @@ def busy_seconds(calls: list[tuple[float, float, int]]) -> float:
     return busy
 
 
+def decoding_rate(calls: dict[str, list[tuple[float, float, int]]]) -> float:
+    """Output tokens per second of busy time, summed over the actors (``actor_calls``' shape): what
+    the actors decode together while they work, start-up and idle time excluded."""
+    return sum(sum(call[2] for call in found) / busy for found in calls.values() if (busy := busy_seconds(found)) > 0)
+
+
 def per_actor_throughput(table: pa.Table, wall_seconds: float | None) -> dict:
     """Output tokens per second of busy time for each actor, its busy seconds, and the run's
     utilization (mean busy / wall). A run written before call timing existed falls back to the sum

@@ -350,7 +350,14 @@ def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_p
     assert summary[0] == f"job test: {len(ids)}/{len(ids)} records in {tmp_path / 'out'}"
     assert re.fullmatch(rf"  this run: {len(ids)} decoded \(0 errors\), 0 already done and skipped, [\d.]+ s",
                         summary[1])
-    assert summary[2].startswith("  throughput: ") and summary[3].startswith("  BiLD: ")
+    # Decoding over the actor's busy time beside end to end, whose start-up (Ray, loading) is its own figure.
+    found = re.fullmatch(r"  throughput: decoding ([\d.]+) output tokens/s on 1 actor\(s\) \(busy ([\d.]+) s each on "
+                         r"average\); end to end ([\d.]+) output tokens/s, [\d.]+ records/s \(([\d.]+) s, of which "
+                         r"([\d.]+) s start-up\)", summary[2])
+    assert found, summary[2]
+    decoding, busy, end_to_end, total, startup = map(float, found.groups())
+    assert decoding > end_to_end > 0 and 0 < busy < total and 0 < startup < total
+    assert summary[3].startswith("  BiLD: ")
     assert summary[4:] == ["  engine: native"]
     for stream in (result.output, outside.out, outside.err):
         assert not re.search(RAY_DATA_CHATTER, stream), f"Ray Data's output reached the console: {stream[-2000:]}"
