@@ -155,12 +155,14 @@ def _check_pair_early(job: JobConfig) -> None:
     """An incompatible pair stops the job before Ray starts (IncompatiblePairError), from the two
     configs and tokenizers alone. A driver that cannot read them (the models live on the workers only)
     leaves the check to the actors, which make it again before loading any weights."""
-    from pipeline.decoding import check_pair
+    from pipeline.decoding import IncompatiblePairError, check_pair
 
     spec = job.models.to_spec()
     try:
         check_pair(spec.small, spec.large, spec.tokenizer, spec.trust_remote_code)
-    except OSError as exc:
+    except IncompatiblePairError:
+        raise
+    except (OSError, ValueError) as exc:  # not here, or not readable without the actors' setup
         log.info("the pair is checked on the actors: the driver cannot read its configs (%s)", exc)
 
 
