@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	    echo "No GPU: installing the CPU build ($(TORCH_CPU))"; \
 	    $(PY) -m pip install -q $(TORCH_CPU_ARGS) "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=compat  # compat: no setuptools warning
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 # The main job: German -> English with BiLD on the shipped Multi30k model pair, offline, then
