@@ -152,12 +152,17 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
 
 
 def _check_pair_early(job: JobConfig) -> None:
-    """An incompatible pair stops the job before Ray starts (IncompatiblePairError), from the two
-    configs and tokenizers alone. A driver that cannot read them (the models live on the workers only)
-    leaves the check to the actors, which make it again before loading any weights."""
+    """An incompatible pair of local folders stops the job before Ray starts (IncompatiblePairError),
+    from the two configs and tokenizers alone. Hub ids, and folders the driver cannot read, are left to
+    the actors, which make the same check before loading any weights (the driver would otherwise wait
+    on the hub too)."""
+    from pathlib import Path
+
     from pipeline.decoding import IncompatiblePairError, check_pair
 
     spec = job.models.to_spec()
+    if not all(Path(name).is_dir() for name in (spec.small, spec.large)):
+        return
     try:
         check_pair(spec.small, spec.large, spec.tokenizer, spec.trust_remote_code)
     except IncompatiblePairError:
