@@ -25,15 +25,15 @@ from pipeline.bench.harness import (
     interleave,
     score_outputs,
 )
+from pipeline.bench.methods import CT2
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
-from pipeline.bench.methods import CT2
 from pipeline.metrics.quality import signatures
 
 DRAFTING = ("bild", "speculative")
 COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
-           "ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b", "large_calls", "large_padding_share", "bleu", "identical_to_b1",
-           "identical_to_ours"]
+           "ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b", "large_calls", "large_padding_share",
+           "bleu", "identical_to_b1", "identical_to_ours"]
 
 
 @dataclass

@@ -77,7 +77,6 @@ class CT2Model:
         CTranslate2 cannot convert or load it, or if its tokenizer's ids do not round-trip
         through token strings.
         """
-        import ctranslate2
         from ctranslate2.converters import TransformersConverter
 
         model_path = str(model_path)
@@ -85,9 +84,7 @@ class CT2Model:
             if not AutoConfig.from_pretrained(model_path).is_encoder_decoder:
                 raise ValueError("not an encoder-decoder model (CT2Model runs ctranslate2.Translator only)")
             TransformersConverter(model_path).convert(str(out_dir), quantization=None, force=True)
-            translator = ctranslate2.Translator(
-                str(out_dir), device=device, compute_type=compute_type, inter_threads=1, intra_threads=threads
-            )
+            translator = _translator(out_dir, device, compute_type, threads)
         except Exception as err:  # the converter fails in many ways (ValueError, AttributeError, ...)
             raise ValueError(f"CTranslate2 cannot convert the model at {model_path}: {err}") from err
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -97,10 +94,7 @@ class CT2Model:
     def with_compute_type(self, compute_type: str, converted_dir: str | Path, threads: int = 1) -> CT2Model:
         """The same converted model loaded again with another compute type (e.g. "int8", CTranslate2's
         usual CPU setting: int8 weights, activations quantized per row at run time)."""
-        import ctranslate2
-
-        translator = ctranslate2.Translator(str(converted_dir), device=self.translator.device,
-                                            compute_type=compute_type, inter_threads=1, intra_threads=threads)
+        translator = _translator(converted_dir, self.translator.device, compute_type, threads)
         return CT2Model(translator, self.tokenizer, self.model_path, compute_type)
 
     def generate(self, batch: list[list[int]], max_new_tokens: int, max_batch_size: int = 0) -> list[list[int]]:
@@ -125,6 +119,14 @@ class CT2Model:
             max_batch_size=max_batch_size,
         )
         return [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+
+
+def _translator(converted_dir: str | Path, device: str, compute_type: str, threads: int):
+    """A ctranslate2.Translator over a converted folder: one batch at a time, `threads` threads for it."""
+    import ctranslate2
+
+    return ctranslate2.Translator(str(converted_dir), device=device, compute_type=compute_type, inter_threads=1,
+                                  intra_threads=threads)
 
 
 def _check_round_trip(tokenizer: PreTrainedTokenizerBase, model_path: str) -> None:
