@@ -22,12 +22,13 @@ override_option = click.option("--set", "overrides", multiple=True, metavar="KEY
 engine_option = click.option(
     "--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
     help="auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
-         "Hugging Face's modules (logged); hf: always Hugging Face's.")
+         "Hugging Face's modules (logged); hf: always Hugging Face's; onnx: the native engine's decoder step as "
+         "one onnxruntime call (CPU, float32 or --quantize int8; the fastest on a CPU).")
 
 quantize_option = click.option(
     "--quantize", type=click.Choice(QUANTIZE_NAMES), default="none", show_default=True,
-    help="int8: both models' linear layers and output heads in int8 where it pays (the native engine on a CPU, "
-         "float32; the job key models.quantize).")
+    help="int8: both models' linear layers and output heads in int8 (the native engine where it pays, the onnx "
+         "engine everywhere; on a CPU, float32; the job key models.quantize).")
 
 model_options = options(
     click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),

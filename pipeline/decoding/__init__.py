@@ -1,7 +1,8 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
 config and policies hold the rules, scheduler drives them over a batch of rows, and the engines
-(engine.py: hf_engine, and the native t5_engine and bart_engine) run the models behind one seam.
+(engine.py: hf_engine, the native t5_engine and bart_engine, and onnx_engine) run the models behind
+one seam.
 
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
 Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.
@@ -40,6 +41,7 @@ _EXPORTS = {
     "DecodeOutput": "stats",
     "DecodeStats": "stats",
     "NativeEngine": "native",
+    "OnnxEngine": "onnx_engine",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -92,7 +92,8 @@ class BartWeights(NativeWeights):
         self.d_kv = self.d_model // self.heads
         self.attention_scale = self.d_kv**-0.5
         self.embed_scale = math.sqrt(self.d_model) if config.scale_embedding else 1.0
-        self.act = ACT2FN[config.activation_function]
+        self.act_name = config.activation_function
+        self.act = ACT2FN[self.act_name]
         self.pad = config.pad_token_id
         encoder, decoder = model.get_encoder(), model.get_decoder()
         self.eps = decoder.layers[0].final_layer_norm.eps
@@ -245,3 +246,30 @@ class BartWeights(NativeWeights):
         if self.final_normalized:
             hidden = self._normalized(hidden)
         return self.head.addmm(self.head_bias, hidden)
+
+    # --- the same in an ONNX graph (onnx_engine.py) -----------------------------------------------
+
+    def _normalized_graph(self, graph, x: str, norm: tuple | None = None) -> str:
+        return graph.layer_norm(x, self.eps) if norm is None else graph.layer_norm(x, norm[2], norm[0], norm[1])
+
+    def _sublayer_graph(self, graph, x: str, output: str, weight, bias, norm: tuple | None) -> str:
+        x = graph.add(graph.matmul(output, weight, bias), x)
+        return self._normalized_graph(graph, x, norm) if norm is not None else x
+
+    def _input_graph(self, graph, x: str) -> str:
+        return self._normalized_graph(graph, x) if self.family.pre_norm else x
+
+    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
+        layer, scale = self.decoder_layers[index], self.attention_scale
+        attended = graph.self_attention(index, self._input_graph(graph, x), layer.qkv, layer.qkv_bias, scale)
+        x = self._sublayer_graph(graph, x, attended, layer.out, layer.out_bias, layer.attention_norm)
+        query = graph.matmul(self._input_graph(graph, x), layer.cross_q, layer.cross_q_bias)
+        x = self._sublayer_graph(graph, x, graph.cross_attention(index, query, scale), layer.cross_out,
+                                 layer.cross_out_bias, layer.cross_norm)
+        hidden = graph.activation(graph.matmul(self._input_graph(graph, x), layer.fc1, layer.fc1_bias), self.act_name)
+        return self._sublayer_graph(graph, x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
+
+    def logits_graph(self, graph, hidden: str) -> str:
+        if self.final_normalized:
+            hidden = self._normalized_graph(graph, hidden)
+        return graph.matmul(hidden, self.head, self.head_bias)

@@ -10,8 +10,9 @@ Method = Literal["bild", "speculative", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]
 METHODS: tuple[str, ...] = ("bild", "speculative", "large", "small")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
-# Which engine runs the models (engine.py): auto/native take the native one where it exists.
-ENGINES: tuple[str, ...] = ("auto", "native", "hf")
+# Which engine runs the models (engine.py): auto/native take the native one where it exists; onnx
+# runs the native engine's decoder step as one onnxruntime call (onnx_engine.py; CPU, float32 or int8).
+ENGINES: tuple[str, ...] = ("auto", "native", "hf", "onnx")
 DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
 # Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (int8.py).
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")

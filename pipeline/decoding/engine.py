@@ -94,7 +94,7 @@ class Engine(ABC):
     (lengths, counters, the cost fit) lives here.
     """
 
-    kind = "abstract"  # "native" or "hf": what the run manifest records
+    kind = "abstract"  # "native", "onnx" or "hf": what the run manifest records
 
     def __init__(self, slots: int, device: torch.device | str = "cpu"):
         self.slots = slots
@@ -188,11 +188,12 @@ def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -
 
 
 def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
-    """The engine a pair runs on: "native" where every model of it has one, else "hf".
+    """The engine a pair runs on: "native" (or "onnx", when asked for) where every model of it has
+    one, else "hf".
 
-    ``reasons`` maps a role ("small", "large") to why the native engine cannot run that model, or
-    None. A fallback from ``auto`` or ``native`` is logged once; the output is never wrong, only
-    slower.
+    ``reasons`` maps a role ("small", "large") to why the native engine (and so the onnx one, which
+    uses its weights) cannot run that model, or None. A fallback to "hf" is logged once; the output
+    is never wrong, only slower.
     """
     if requested not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {requested!r}")
@@ -200,7 +201,7 @@ def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
         return "hf"
     missing = {role: reason for role, reason in reasons.items() if reason}
     if not missing:
-        return "native"
+        return "onnx" if requested == "onnx" else "native"
     why = "; ".join(f"{role}: {reason}" for role, reason in missing.items())
     log.warning("engine %s: running on the Hugging Face engine (%s)", requested, why)
     return "hf"

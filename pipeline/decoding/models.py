@@ -14,7 +14,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding import bart_engine, t5_engine
+from pipeline.decoding import bart_engine, onnx_engine, t5_engine
 from pipeline.decoding.config import DTYPE_NAMES, ModelSpec
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.hf_engine import HFEngine
@@ -112,7 +112,7 @@ class ModelPair:
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
         reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
         self.engine_kind = engine_kind(self.engine_request, reasons)
-        if self.quantize != "none" and (self.engine_kind != "native" or self.device.type != "cpu"):
+        if self.quantize != "none" and (self.engine_kind not in ("native", "onnx") or self.device.type != "cpu"):
             raise ValueError(f"models.quantize {self.quantize} runs on the native engine on a CPU; this pair runs on "
                              f"the {self.engine_kind} engine on {self.device.type}")
 
@@ -164,9 +164,15 @@ class ModelPair:
         """
         key = (role, slots)
         if key not in self._engines:
-            if self.engine_kind == "native" and role not in self._native:
+            if self.engine_kind == "onnx" and role not in self._native:
+                weights = native_weights(getattr(self, role))  # float: the encoder's; the step quantizes its own
+                self._native[role] = (weights, onnx_engine.step_session(weights, self.quantize))
+            elif self.engine_kind == "native" and role not in self._native:
                 self._native[role] = native_weights(getattr(self, role), self.quantize)
-            self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
+            if self.engine_kind == "onnx":
+                self._engines[key] = onnx_engine.OnnxEngine(*self._native[role], slots)
+            else:
+                self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
         return self._engines[key]
 
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:

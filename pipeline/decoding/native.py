@@ -82,6 +82,17 @@ class NativeWeights(ABC):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, d] hidden states after the last layer -> [n, V]."""
 
+    # The same two pieces as an ONNX graph, for the onnx engine (onnx_engine.py): ``graph`` is an
+    # onnx_graph.StepGraph, ``x`` and ``hidden`` the names of its values.
+
+    @abstractmethod
+    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
+        """``decoder_layer`` in ``graph``: x [A, W, d] -> [A, W, d]."""
+
+    @abstractmethod
+    def logits_graph(self, graph, hidden: str) -> str:
+        """``logits`` in ``graph``: [n, d] -> [n, V]."""
+
 
 class Matrix:
     """A layer's weight as the native engines multiply by it: ``x @ W`` for W [in, out].

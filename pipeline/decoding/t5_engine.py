@@ -56,7 +56,8 @@ class T5Weights(NativeWeights):
         self.d_model, self.heads, self.d_kv = config.d_model, config.num_heads, config.d_kv
         self.eps = config.layer_norm_epsilon
         self.gated = bool(config.is_gated_act)
-        self.act = ACT2FN[config.dense_act_fn]
+        self.act_name = config.dense_act_fn
+        self.act = ACT2FN[self.act_name]
 
         def matrix(*linears, norm=None) -> Matrix:
             weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
@@ -170,3 +171,15 @@ class T5Weights(NativeWeights):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.product(self.norm(hidden))
+
+    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
+        layer, eps = self.decoder_layers[index], self.eps
+        x = graph.add(x, graph.matmul(graph.self_attention(index, graph.rms_norm(x, eps), layer.qkv), layer.out))
+        query = graph.matmul(graph.rms_norm(x, eps), layer.cross_q)
+        x = graph.add(x, graph.matmul(graph.cross_attention(index, query), layer.cross_out))
+        hidden = graph.matmul(graph.rms_norm(x, eps), layer.ff_in)
+        hidden = graph.gated(hidden, self.act_name) if self.gated else graph.activation(hidden, self.act_name)
+        return graph.add(x, graph.matmul(hidden, layer.ff_out))
+
+    def logits_graph(self, graph, hidden: str) -> str:
+        return graph.matmul(graph.rms_norm(hidden, self.eps), self.head)

@@ -42,7 +42,8 @@ class ModelsSection(_Section):
     engine: Literal[ENGINES] = Field(
         default="auto",
         description="auto/native: our own forward pass where the architecture has one (the T5 and BART "
-                    "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's.")
+                    "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's; "
+                    "onnx: the native engine with its decoder step run by onnxruntime (CPU, float32; faster there).")
     quantize: Literal[QUANTIZE_NAMES] = Field(
         default="none",
         description="int8: both models' linear layers and output heads in int8 (per-channel weights, per-row "
@@ -50,6 +51,9 @@ class ModelsSection(_Section):
 
     @model_validator(mode="after")
     def _int8_runs_where_it_can(self):
+        if self.engine == "onnx" and (self.device.startswith("cuda") or self.dtype not in ("float32", "auto")):
+            raise ValueError(f"models.engine onnx runs on the CPU in float32; models.device is {self.device!r} and "
+                             f"models.dtype {self.dtype!r}")
         if self.quantize == "int8":
             if self.engine == "hf":
                 raise ValueError("models.quantize int8 runs on the native engine; models.engine is 'hf'")

@@ -14,9 +14,9 @@ import torch
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding import int8
 from pipeline.decoding.native import Matrix
-from pipeline.decoding.scheduler import BatchPolicy
 from pipeline.tiny import build_pair
 from support import REPO
+from support.engine_checks import assert_lossless_at_every_batch_size
 from support.pairs import TEXTS
 
 FAMILIES = ["t5", "bart"]
@@ -124,18 +124,7 @@ def teacher_forced_logits(generator: Generator, text: str, tokens: list[int]) ->
 def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family, every_matrix_in_int8):
     pair = int8_pair(family)
     assert type(_weights(pair).head) is int8.Int8Matrix
-    expected = [r.token_ids for r in Generator(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW))
-                .generate(INPUTS)]
-    rollbacks = 0
-    for method, threshold in (("bild", 0.0), ("speculative", 3.0)):
-        config = DecodingConfig(method=method, rollback_threshold=threshold, fallback_threshold=0.4,
-                                max_new_tokens=MAX_NEW)
-        for size in (1, 3, 8):
-            results = Generator(pair, config).generate(INPUTS, batch=BatchPolicy(size))
-            assert [r.token_ids for r in results] == expected, f"{method} at batch {size}"
-            assert all(r.stats.small_tokens + r.stats.large_tokens == r.stats.output_tokens for r in results)
-            rollbacks += sum(r.stats.rollbacks for r in results)
-    assert rollbacks  # the verifications rejected drafts: the comparison covers corrections
+    assert_lossless_at_every_batch_size(pair, INPUTS, MAX_NEW)
 
 
 def _weights(pair: ModelPair):

@@ -11,62 +11,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
-
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import native_unsupported_reason, native_weights
 from pipeline.decoding.native import NativeEngine
-from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, build_model, byte_tokenizer, noisy_copy
+from pipeline.tiny import PAD, byte_tokenizer, noisy_copy
+from support.native_models import LAYOUTS, MODELS, build, build_t5, encode
 from support.pairs import TEXTS
 from support import REPO
+from support.engine_checks import assert_same_tokens_and_statistics
 
-SHAPES = {
-    "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
-    "t5-v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3),
-    "mt5": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3, mt5=True),
-    "narrow-heads": dict(d_model=48, num_heads=3, d_kv=20, num_decoder_layers=3),  # 3 * 20 != 48
-    "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
-}
-BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.tiny's families; nllb is M2M100
-# Each BART-family model in pipeline.tiny's two shapes: "large" (width 64, 3 decoder layers) and
-# ":small" (width 32, one decoder layer).
-MODELS = [*SHAPES, *BART_FAMILY, *(f"{family}:small" for family in BART_FAMILY)]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 24
-
-
-def build(name: str, seed: int = 0, dtype=torch.float32):
-    """A tiny random model: a T5 shape of SHAPES, or a BART-family model of pipeline.tiny."""
-    family, _, size = name.partition(":")
-    if family in BART_FAMILY:
-        return build_model(family, size or "large", seed=seed).to(dtype).eval()
-    return build_t5(name, seed, dtype)
-
-
-def build_t5(shape: str, seed: int = 0, dtype=torch.float32):
-    settings = dict(SHAPES[shape])
-    model_class = MT5ForConditionalGeneration if settings.pop("mt5", False) else T5ForConditionalGeneration
-    config = T5Config(vocab_size=VOCAB_SIZE, d_model=settings.pop("d_model", 64), d_ff=128, num_layers=2,
-                      num_heads=settings.pop("num_heads", 4), d_kv=settings.pop("d_kv", 16), dropout_rate=0.0,
-                      decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=EOS, **settings)
-    if model_class is MT5ForConditionalGeneration:
-        config.model_type = "mt5"
-    torch.manual_seed(seed)
-    model = model_class(config)
-    _scale_weights(model, 4.0, logit_std=4.0)
-    model.generation_config.eos_token_id = EOS
-    return model.to(dtype).eval()
 
 
 def pair_of(name: str, engine: str, dtype=torch.float32) -> ModelPair:
     large = build(name, dtype=dtype)
     return ModelPair(noisy_copy(large, 0.1, seed=1), large, byte_tokenizer(append_eos=True), torch.device("cpu"),
                      engine_request=engine)
-
-
-def encode(text: str) -> torch.Tensor:
-    return torch.tensor(byte_tokenizer(append_eos=True)(text)["input_ids"])
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -85,11 +47,6 @@ def hf_logits(model, sources: list[torch.Tensor], rows: list[list[int]]) -> torc
         source[r, : len(ids)], decoder[r, : len(row)] = ids, torch.tensor(row)
     with torch.inference_mode():
         return model(input_ids=source, attention_mask=(source != PAD).long(), decoder_input_ids=decoder).logits
-
-
-# Where three rows sit among 8 slots: in slot order, out of order, with a gap (read in place over
-# the span), and scattered (gathered).
-LAYOUTS = {"in-order": [0, 1, 2], "out-of-order": [2, 0, 1], "gap": [2, 0, 3], "scattered": [0, 7, 3]}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -137,16 +94,7 @@ def test_logits_match_hugging_face_within_1e_4(name, layout):
 def test_tokens_and_statistics_equal_the_hugging_face_engines(name):
     native, hf = pair_of(name, "native"), pair_of(name, "hf")
     assert (native.engine_kind, hf.engine_kind) == ("native", "hf")
-    compared = 0
-    for method in ("large", "small", "bild", "speculative"):
-        config = DecodingConfig(method=method, max_new_tokens=MAX_NEW, fallback_threshold=0.5, rollback_threshold=2.0,
-                                max_draft_tokens=4)
-        for batch in (None, BatchPolicy(3), BatchPolicy(8, verify_share=0.5)):
-            want = Generator(hf, config).generate(INPUTS, batch=batch)
-            got = Generator(native, config).generate(INPUTS, batch=batch)
-            assert [r.token_ids for r in got] == [r.token_ids for r in want], (method, batch)
-            assert [r.stats for r in got] == [r.stats for r in want], (method, batch)
-            compared += len(got)
+    compared = assert_same_tokens_and_statistics(hf, native, INPUTS, MAX_NEW)
     assert compared == 4 * 3 * len(INPUTS)
 
 

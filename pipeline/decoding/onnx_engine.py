@@ -1,0 +1,218 @@
+"""The onnx engine (``models.engine: onnx``): the native engine's decoder step as one onnxruntime call.
+
+On a CPU a decode step of a small model is a chain of one-row matrix products and a couple of
+hundred small ops; onnxruntime runs the chain with MLAS (float32, or int8 with ``models.quantize:
+int8``) and the small ops without Python between them (onnx_graph.py builds the graph from the
+family's ``decoder_layer_graph``). The encoder, admission and the cache bookkeeping stay in torch,
+with the native engine's weights (native.py): the encoder runs once per record, the step once per
+token.
+
+The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
+layer: keys and values as [L, slots, H, C, dk] (a layer's block of one slot, or of a span of slots,
+is one contiguous piece). The step attends over every cached position with -inf past each row's length
+(``self_bias``), and returns the fed positions' keys and values, which are written into the cache
+here; so a rollback is only a shorter length, as in the native engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.decoding.engine import Engine, Feed, place_logits
+from pipeline.decoding.native import NativeWeights
+
+MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntime onnx"
+
+
+def step_session(weights: NativeWeights, quantize: str = "none"):
+    """The decoder step of ``weights``' model as an onnxruntime session on the CPU, run on as many
+    threads as torch uses here (one per actor CPU in a job)."""
+    try:  # imported here: a machine without them (the GPU check's) runs every other engine
+        import onnxruntime
+
+        from pipeline.decoding.onnx_graph import StepGraph
+    except ImportError as error:
+        raise ImportError(f"{MISSING} ({error})") from error
+    graph = StepGraph(d_model=weights.d_model, layers=weights.layer_count, heads=weights.heads, d_kv=weights.d_kv,
+                      quantize=quantize)
+    hidden = "hidden"
+    for index in range(weights.layer_count):
+        hidden = weights.decoder_layer_graph(graph, hidden, index)
+    model = graph.model(weights.logits_graph(graph, graph.read(hidden)))
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class OnnxEngine(Engine):
+    """A decoder over ``slots`` rows whose step is one onnxruntime call (float32, on the CPU)."""
+
+    kind = "onnx"
+
+    def __init__(self, weights: NativeWeights, session, slots: int):
+        if weights.device.type != "cpu" or weights.dtype != torch.float32:
+            raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
+        super().__init__(slots, weights.device)
+        self.weights, self.session = weights, session
+        w = weights
+        self.capacity, self.sources = 0, 0
+        empty = (w.layer_count, slots, w.heads, 0, w.d_kv)
+        self.self_k, self.self_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, C, dk]
+        self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk]
+        self.cross_bias = torch.zeros((slots, 0))  # [slots, S]: 0 within each row's source, -inf past it
+        self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
+        self._views: dict = {}  # (first slot, end slot, C, S) -> the step's cache inputs (_cache_inputs)
+        self._views_storage = None  # the (C, S) those views were taken at
+        self._reserve(64)
+
+    # --- memory -----------------------------------------------------------------------------------
+
+    def _reserve(self, positions: int) -> None:
+        """Room for ``positions`` decoder positions per slot (doubling, so growing is rare)."""
+        if positions <= self.capacity:
+            return
+        capacity = max(positions, 2 * self.capacity)
+        self.self_k = _grown(self.self_k, -2, capacity)
+        self.self_v = _grown(self.self_v, -2, capacity)
+        self.capacity, self.table = capacity, self.weights.self_mask(capacity)
+        self._one_token_bias = None  # [C, Hb, 1, C + 1]: _self_bias of one token at each position
+
+    def _reserve_sources(self, length: int) -> None:
+        if length <= self.sources:
+            return
+        sources = max(length, 2 * self.sources)
+        self.cross_k = _grown(self.cross_k, -2, sources)
+        self.cross_v = _grown(self.cross_v, -2, sources)
+        self.cross_bias = _grown(self.cross_bias, -1, sources, fill=float("-inf"))
+        self.sources = sources
+
+    # --- rows joining -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None):
+        """Run the encoder (torch) once for the newcomers unless given, and store each decoder
+        layer's cross-attention keys and values in their slots."""
+        lengths = [len(ids) for ids in input_ids]
+        if encoded is None:
+            padded = torch.zeros((len(slots), max(lengths)), dtype=torch.long)
+            for row, ids in enumerate(input_ids):
+                padded[row, : len(ids)] = ids.cpu()
+            encoded = self.weights.encode(padded, lengths)
+        width = encoded.shape[1]
+        self._reserve_sources(width)
+        kv = self.weights.cross_keys_values(encoded)  # [J, S, L, 2, H, dk]
+        index = torch.tensor(slots)
+        self.cross_k[:, index, :, :width] = kv[:, :, :, 0].permute(2, 0, 3, 1, 4)  # [L, J, H, S, dk]
+        self.cross_v[:, index, :, :width] = kv[:, :, :, 1].permute(2, 0, 3, 1, 4)
+        for slot, length in zip(slots, lengths):
+            self.cross_bias[slot] = 0.0
+            self.cross_bias[slot, length:] = float("-inf")
+        return encoded
+
+    # --- the forward pass -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _forward(self, feed: Feed) -> torch.Tensor:
+        rows, width = feed.tokens.shape
+        self._reserve(max(feed.positions) + width)
+        read, where, attended = self._rows_read(feed)
+        tokens = torch.zeros((attended, width), dtype=torch.long)  # idle slots of a span feed token 0 ...
+        positions = [0] * attended  # ... at position 0: any valid input; their outputs are never read
+        for r, a in enumerate(where):
+            tokens[a], positions[a] = feed.tokens[r], feed.positions[r]
+        steps = torch.tensor(positions)[:, None] + torch.arange(width)  # [A, W]
+        hidden = self.weights.embed(tokens, steps).view(attended, width, -1)
+        inputs = {
+            "hidden": hidden.numpy(),
+            "self_bias": self._self_bias(positions, steps).numpy(),
+            "cross_bias": self._rows(self.cross_bias, read)[:, None, None, :].expand(-1, 1, width, -1).contiguous().numpy(),
+            "read": self._read_index(feed, where).numpy(),
+        }
+        inputs.update(self._cache_inputs(read))
+        logits, new_k, new_v = self.session.run(None, inputs)
+        self._write(feed, where, torch.from_numpy(new_k), torch.from_numpy(new_v))
+        return place_logits(torch.from_numpy(logits), self._placement(feed), feed)
+
+    def _rows_read(self, feed: Feed) -> tuple[slice | list[int], list[int], int]:
+        """The slots the step runs over, where each fed row sits among them, and how many there are:
+        the span of slots the rows occupy (idle ones run along, unread) when it is not much wider
+        than they are, else the rows' own slots, gathered."""
+        first, last = min(feed.slots), max(feed.slots)
+        if last - first + 1 <= 2 * len(feed.slots):
+            return slice(first, last + 1), [slot - first for slot in feed.slots], last - first + 1
+        return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
+
+    def _cache_inputs(self, read: slice | list[int]) -> dict:
+        """Every layer's cache of the slots ``read`` as the step's inputs. For a span of slots they
+        are views, kept while the caches keep their storage (a step at batch 1 reuses them)."""
+        key = (read.start, read.stop, self.capacity, self.sources) if isinstance(read, slice) else None
+        if key is not None and key in self._views:
+            return self._views[key]
+        views = {f"{name}.{layer}": self._rows(cache, read).numpy()
+                 for name in ("self_k", "self_v", "cross_k", "cross_v") for layer, cache in enumerate(getattr(self, name))}
+        if key is not None:
+            if key[2:] != self._views_storage:  # the caches grew: views of the old ones are stale
+                self._views, self._views_storage = {}, key[2:]
+            self._views[key] = views
+        return views
+
+    @staticmethod
+    def _rows(cache: torch.Tensor, read: slice | list[int]) -> torch.Tensor:
+        """The slots ``read`` of a cache: a view of one contiguous block, or a gathered copy."""
+        return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
+
+    def _self_bias(self, positions: list[int], steps: torch.Tensor) -> torch.Tensor:
+        """[A, Hb, W, C + W]: what each fed query adds to its score over the cached keys (-inf from
+        the row's length on) and over the fed keys (causal; T5's relative position bias)."""
+        if steps.shape == (1, 1):  # one row, one token (a step at batch 1): a precomputed slice
+            if self._one_token_bias is None:
+                every = torch.arange(self.capacity)[:, None]
+                self._one_token_bias = self._self_bias(every.flatten().tolist(), every)  # [C, Hb, 1, C + 1]
+            return self._one_token_bias[positions[0]][None]
+        table, capacity = self.table, self.capacity
+        cached = table[:, steps, :capacity]  # [Hb, A, W, C]
+        beyond = torch.arange(capacity)[None, :] >= torch.tensor(positions)[:, None]  # [A, C]
+        cached = cached.masked_fill(beyond[None, :, None, :], float("-inf"))
+        fed = table[:, steps[:, :, None], steps[:, None, :]]  # [Hb, A, W, W]
+        return torch.cat([cached, fed], dim=-1).transpose(0, 1).contiguous()
+
+    @staticmethod
+    def _read_index(feed: Feed, where: list[int]) -> torch.Tensor:
+        """[n]: the flat positions a * W + i whose logits are read, row by row, last ones of each row."""
+        width = feed.width
+        return torch.tensor([where[r] * width + i for r, (count, read) in enumerate(zip(feed.counts, feed.reads))
+                             for i in range(count - read, count)])
+
+    @staticmethod
+    def _placement(feed: Feed) -> torch.Tensor | None:
+        """Where the read logits go in [R * max(reads)] (None: every row reads as many)."""
+        most = max(feed.reads)
+        if min(feed.reads) == most:
+            return None
+        return torch.tensor([r * most + i for r, read in enumerate(feed.reads) for i in range(read)])
+
+    def _write(self, feed: Feed, where: list[int], new_k: torch.Tensor, new_v: torch.Tensor) -> None:
+        """The fed positions' keys and values [A, L, H, W, dk] into the rows' slots."""
+        width = feed.width
+        if len(feed.slots) == 1:
+            slot, position = feed.slots[0], feed.positions[0]
+            self.self_k[:, slot, :, position : position + width] = new_k[where[0]]
+            self.self_v[:, slot, :, position : position + width] = new_v[where[0]]
+            return
+        slots = torch.tensor(feed.slots)[:, None]  # [R, 1]
+        steps = torch.tensor(feed.positions)[:, None] + torch.arange(width)  # [R, W]
+        fed = torch.tensor(where)
+        self.self_k[:, slots, :, steps] = new_k[fed].permute(0, 3, 1, 2, 4)  # [R, W, L, H, dk]
+        self.self_v[:, slots, :, steps] = new_v[fed].permute(0, 3, 1, 2, 4)
+
+
+def _grown(cache: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:
+    """``cache`` with its ``dim`` grown to ``size``, the old content kept at the start."""
+    shape = list(cache.shape)
+    old, shape[dim] = shape[dim], size
+    grown = torch.full(shape, fill, dtype=cache.dtype)
+    grown.narrow(dim, 0, old).copy_(cache)
+    return grown

@@ -1,0 +1,167 @@
+"""The onnx engine (models.engine: onnx) against the native engine it is built from.
+
+float32: every read position's logits within 1e-4 of the native engine's over the same feeds, in
+every layout of rows among slots; the same tokens and statistics for every method and batch size.
+int8: BiLD with rollback_threshold 0 and greedy speculative decoding return exactly int8 `large`'s
+tokens at every batch size (a row's product does not depend on the other rows of the call), and the
+logits stay close to float32's. Both model families (T5, BART); the BART family in all four variants.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.decoding import DecodingConfig, Generator, ModelPair
+from pipeline.decoding.engine import Feed
+from pipeline.decoding.models import native_weights
+from pipeline.decoding.native import NativeEngine
+from pipeline.decoding.onnx_engine import OnnxEngine, step_session
+from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
+from support import REPO
+from support.engine_checks import assert_lossless_at_every_batch_size, assert_same_tokens_and_statistics
+from support.native_models import LAYOUTS, build, encode
+from support.pairs import TEXTS
+
+# T5 v1.0 (ReLU, tied head), v1.1 (gated GELU), heads * d_kv != d_model, and the BART family.
+MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb"]
+INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
+MAX_NEW = 20
+
+
+def engines(model, slots: int, quantize: str = "none") -> tuple[OnnxEngine, NativeEngine]:
+    weights = native_weights(model)
+    return OnnxEngine(weights, step_session(weights, quantize), slots), NativeEngine(weights, slots)
+
+
+def pair_of(name: str, engine: str, quantize: str = "none") -> ModelPair:
+    large = build(name)
+    return ModelPair(noisy_copy(large, 0.1, seed=1), large, byte_tokenizer(append_eos=True), torch.device("cpu"),
+                     engine_request=engine, quantize=quantize)
+
+
+def feeds(start: int, slots: list[int]) -> list[Feed]:
+    """Rows of different counts from position 0, then each going on from its own position; rows read
+    all they feed (a verification) or fewer (place_logits' scatter)."""
+    rows = [[start] + list(range(10, 10 + n)) for n in (6, 2, 9)]
+    counts, reads = [4, 2, 7], [4, 1, 7]
+    first = torch.zeros((3, 7), dtype=torch.long)
+    for r, row in enumerate(rows):
+        first[r, : counts[r]] = torch.tensor(row[: counts[r]])
+    rest = [len(row) - count for row, count in zip(rows, counts)]
+    second = torch.zeros((3, max(rest)), dtype=torch.long)
+    for r, (row, count) in enumerate(zip(rows, counts)):
+        second[r, : rest[r]] = torch.tensor(row[count:])
+    return [Feed(slots, first, [0, 0, 0], counts, reads), Feed(slots, second, counts, rest, [1, 1, 2])]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_float32_logits_match_the_native_engines_within_1e_4(name, layout):
+    model = build(name)
+    onnx, native = engines(model, slots=8)
+    slots = LAYOUTS[layout]
+    sources = [encode(text) for text in INPUTS[:3]]
+    for engine in (onnx, native):
+        engine.admit(slots, sources)
+    for feed in feeds(model.config.decoder_start_token_id, slots):
+        got, want = onnx.forward(feed), native.forward(feed)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # One row through its cache, one token at a time, past the first capacity (64 positions): float32
+    # rounding adds up over 70 steps of these deliberately sharp random models (both engines drift
+    # from float64 by ~1e-3), so each is held to the exact float64 logits, onnx no further than native.
+    source = encode(INPUTS[4])
+    for engine in (onnx, native):
+        engine.admit([5], [source])
+    sequence, steps = [model.config.decoder_start_token_id], {"onnx": [], "native": []}
+    for position in range(70):
+        feed = Feed([5], torch.tensor([sequence[-1:]]), [position], [1], [1])
+        steps["onnx"].append(onnx.forward(feed)[0, 0])
+        steps["native"].append(native.forward(feed)[0, 0])
+        sequence.append(int(steps["native"][-1].argmax()))
+    with torch.inference_mode():
+        exact = model.double()(input_ids=source[None], decoder_input_ids=torch.tensor([sequence[:-1]])).logits[0]
+    error = {kind: float((torch.stack(logits).double() - exact).abs().max()) for kind, logits in steps.items()}
+    assert error["onnx"] <= 1.5 * error["native"] + 1e-4, error
+
+
+@pytest.mark.parametrize("name", ["t5-v1.1", "bart", pytest.param("t5-v1.0", marks=pytest.mark.slow),
+                                  pytest.param("nllb", marks=pytest.mark.slow)])  # make test-fast: one per family
+def test_tokens_and_statistics_equal_the_native_engines(name):
+    onnx, native = pair_of(name, "onnx"), pair_of(name, "native")
+    assert (onnx.engine_kind, native.engine_kind) == ("onnx", "native")
+    assert type(onnx.engine("large", 1)) is OnnxEngine
+    assert assert_same_tokens_and_statistics(native, onnx, INPUTS, MAX_NEW) == 4 * 3 * len(INPUTS)
+
+
+def test_a_rollback_is_only_a_shorter_length():
+    """rewind changes no cached tensor; the next forward overwrites from the kept length on and
+    attends to nothing past it."""
+    model = build("t5-v1.0")
+    onnx, native = engines(model, slots=1)
+    for engine in (onnx, native):
+        engine.admit([0], [encode(INPUTS[0])])
+        engine.forward(Feed([0], torch.tensor([[PAD, 20, 21, 22]]), [0], [4], [1]))
+    before = onnx.self_k.clone(), onnx.self_v.clone()
+    onnx.rewind(0, 2)
+    native.rewind(0, 2)
+    assert torch.equal(onnx.self_k, before[0]) and torch.equal(onnx.self_v, before[1])
+    feed = Feed([0], torch.tensor([[30]]), [2], [1], [1])
+    torch.testing.assert_close(onnx.forward(feed), native.forward(feed), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_a_forgotten_rollback_would_be_caught(monkeypatch, family):
+    """The token comparisons have teeth on this engine: one that keeps rejected drafts' keys and
+    values diverges from the native engine (or fails)."""
+    small, large, tokenizer = build_pair(family, seed=0, small="independent")  # disagrees: rollbacks
+    pairs = {kind: ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request=kind)
+             for kind in ("onnx", "native")}
+    config = DecodingConfig(method="bild", max_new_tokens=32, rollback_threshold=2.0, fallback_threshold=0.3,
+                            max_draft_tokens=5)
+    want = Generator(pairs["native"], config).generate(TEXTS)
+    assert [r.token_ids for r in Generator(pairs["onnx"], config).generate(TEXTS)] == [r.token_ids for r in want]
+    assert sum(r.stats.rollbacks for r in want) > 0
+
+    def forget_to_cut(self, slot, length):
+        pass  # the rejected drafts' keys and values stay cached
+
+    monkeypatch.setattr(OnnxEngine, "rewind", forget_to_cut)  # the native engine still cuts
+    got = Generator(pairs["onnx"], config).generate(TEXTS)
+    assert any(g.error is not None or g.token_ids != w.token_ids for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family):
+    small, large, tokenizer = build_pair(family, seed=0, small="noisy")
+    pair = ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request="onnx", quantize="int8")
+    assert_lossless_at_every_batch_size(pair, INPUTS, MAX_NEW)
+
+
+def test_int8_logits_stay_close_to_float32s():
+    """The demo pair's `large` along a greedy output, every matrix in int8 (8-bit weights per
+    column, 8-bit activations per row): within 5% of float32's logits (norm of the difference over
+    the norm), no logit off by more than 0.2 of their standard deviation, 90% of argmaxes the same."""
+    demo = REPO / "models" / "demo-de-en"
+    pair = ModelPair.from_pretrained(str(demo / "small-aligned"), str(demo / "large"), device="cpu")
+    generator = Generator(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW))
+    input_ids = generator.encode(INPUTS[1])[0][0]
+    sequence = pair.decoder_prefix(input_ids).tolist() + generator.generate_one(INPUTS[1]).token_ids
+    feed = Feed([0], torch.tensor([sequence]), [0], [len(sequence)], [len(sequence)])
+    logits = {}
+    for quantize in ("none", "int8"):
+        engine, _ = engines(pair.large, 1, quantize)
+        engine.admit([0], [input_ids])
+        logits[quantize] = engine.forward(feed)[0]
+    difference = logits["int8"] - logits["none"]
+    assert 0 < float(difference.norm() / logits["none"].norm()) < 0.05  # int8 really ran, and stayed close
+    assert float(difference.abs().max() / logits["none"].std()) < 0.2
+    assert (logits["int8"].argmax(-1) == logits["none"].argmax(-1)).float().mean() >= 0.9
+
+
+def test_where_it_cannot_run_is_a_clear_error():
+    small, large, tokenizer = build_pair("t5", seed=0, small="noisy")
+    with pytest.raises(ValueError, match="models.engine onnx runs on the CPU in float32"):
+        weights = native_weights(large.to(torch.float64))
+        OnnxEngine(weights, None, 1)
