@@ -165,3 +165,35 @@ def test_where_it_cannot_run_is_a_clear_error():
     with pytest.raises(ValueError, match="models.engine onnx runs on the CPU in float32"):
         weights = native_weights(large.to(torch.float64))
         OnnxEngine(weights, None, 1)
+
+
+def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
+    """A model whose weights do not fit in one protobuf message (2 GiB) is saved with its weights in
+    a file beside the graph and loaded from there: the same logits."""
+    from pipeline.decoding import onnx_engine
+
+    model = build("bart")
+    weights = native_weights(model)
+    inline = OnnxEngine(weights, step_session(weights), 1)
+    monkeypatch.setattr(onnx_engine, "PROTOBUF_LIMIT", 0)
+    from_file = OnnxEngine(weights, step_session(weights), 1)
+    feed = Feed([0], torch.tensor([[model.config.decoder_start_token_id, 11, 12]]), [0], [3], [3])
+    for engine in (inline, from_file):
+        engine.admit([0], [encode(INPUTS[0])])
+    assert torch.equal(inline.forward(feed), from_file.forward(feed))
+
+
+@pytest.mark.parametrize("name", ["t5-v1.0", "bart"])
+def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name):
+    """Records admitted together get bit for bit the cross-attention keys and values each gets
+    alone: int8 rounding downstream would turn a last-bit difference into another token."""
+    weights = native_weights(build(name))
+    together, alone = OnnxEngine(weights, None, 3), OnnxEngine(weights, None, 3)
+    sources = [encode(text) for text in INPUTS[:3]]
+    together.admit([0, 1, 2], sources)
+    for slot, source in enumerate(sources):
+        alone.admit([slot], [source])
+    for slot, source in enumerate(sources):
+        for cache in ("cross_k", "cross_v"):
+            assert torch.equal(getattr(together, cache)[:, slot, :, : len(source)],
+                               getattr(alone, cache)[:, slot, :, : len(source)]), (cache, slot)
