@@ -8,10 +8,11 @@ with the native engine's weights (native.py): the encoder runs once per record, 
 token.
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
-layer: keys and values as [L, slots, H, C, dk] (a layer's block of one slot, or of a span of slots,
-is one contiguous piece). The step attends over every cached position with -inf past each row's length
-(``self_bias``), and returns the fed positions' keys and values, which are written into the cache
-here; so a rollback is only a shorter length, as in the native engine.
+layer: keys as [L, slots, H, dk, C], values as [L, slots, H, C, dk] (a layer's block of one slot,
+or of a span of slots, is one contiguous piece). The step puts the fed positions' keys and values
+at their places in a copy of each layer's cache, attends over every position with the causal mask
+(``self_bias``), and returns them, to be written into the cache here; so a rollback is only a
+shorter length, as in the native engine.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class OnnxEngine(Engine):
         self.weights, self.session = weights, session
         w = weights
         self.capacity, self.sources = 0, 0
-        empty = (w.layer_count, slots, w.heads, 0, w.d_kv)
-        self.self_k, self.self_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, C, dk]
-        self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk]
+        keys, values = (w.layer_count, slots, w.heads, w.d_kv, 0), (w.layer_count, slots, w.heads, 0, w.d_kv)
+        self.self_k, self.self_v = torch.zeros(keys), torch.zeros(values)  # [L, slots, H, dk, C], [L, slots, H, C, dk]
+        self.cross_k, self.cross_v = torch.zeros(keys), torch.zeros(values)  # [L, slots, H, dk, S], [L, slots, H, S, dk]
         self.cross_bias = torch.zeros((slots, 0))  # [slots, S]: 0 within each row's source, -inf past it
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
         self._bindings: dict = {}  # (first slot, end slot, C, S) -> the step's bound inputs (_binding)
@@ -86,16 +87,16 @@ class OnnxEngine(Engine):
         if positions <= self.capacity:
             return
         capacity = max(positions, 2 * self.capacity)
-        self.self_k = _grown(self.self_k, -2, capacity)
+        self.self_k = _grown(self.self_k, -1, capacity)
         self.self_v = _grown(self.self_v, -2, capacity)
         self.capacity, self.table = capacity, self.weights.self_mask(capacity)
-        self._one_token_bias = None  # [C, Hb, 1, C + 1]: _self_bias of one token at each position
+        self._one_token_bias = None  # [C, Hb, 2, C]: _self_bias of one token at each position
 
     def _reserve_sources(self, length: int) -> None:
         if length <= self.sources:
             return
-        sources = max(length, 2 * self.sources)
-        self.cross_k = _grown(self.cross_k, -2, sources)
+        sources = max(length, 2 * self.sources, 2)  # at least 2: MatMul rounds otherwise for one key
+        self.cross_k = _grown(self.cross_k, -1, sources)
         self.cross_v = _grown(self.cross_v, -2, sources)
         self.cross_bias = _grown(self.cross_bias, -1, sources, fill=float("-inf"))
         self.sources = sources
@@ -118,7 +119,7 @@ class OnnxEngine(Engine):
         self._reserve_sources(encoded.shape[1])
         for row, (slot, length) in enumerate(zip(slots, lengths)):
             kv = self.weights.cross_keys_values(encoded[row : row + 1, :length])[0]  # [S_j, L, 2, H, dk]
-            self.cross_k[:, slot, :, :length] = kv[:, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
+            self.cross_k[:, slot, ..., :length] = kv[:, :, 0].permute(1, 2, 3, 0)  # [L, H, dk, S_j]
             self.cross_v[:, slot, :, :length] = kv[:, :, 1].permute(1, 2, 0, 3)
             self.cross_bias[slot] = 0.0
             self.cross_bias[slot, length:] = float("-inf")
@@ -138,10 +139,13 @@ class OnnxEngine(Engine):
         steps = torch.tensor(positions)[:, None] + torch.arange(width)  # [A, W]
         hidden = self.weights.embed(tokens, steps).view(attended, width, -1)
         binding = self._binding(read)
+        heads, d_kv = self.weights.heads, self.weights.d_kv
         small_inputs = {
             "hidden": hidden.numpy(),
-            "self_bias": self._self_bias(positions, steps).numpy(),
-            "cross_bias": self._rows(self.cross_bias, read)[:, None, None, :].expand(-1, 1, width, -1).contiguous().numpy(),
+            "self_bias": self._self_bias(steps).numpy(),
+            "cross_bias": self._rows(self.cross_bias, read)[:, None, None, :].numpy(),
+            "key_index": steps[:, None, None, :].expand(-1, heads, d_kv, -1).contiguous().numpy(),  # [A, H, dk, W]
+            "value_index": steps[:, None, :, None].expand(-1, heads, -1, d_kv).contiguous().numpy(),  # [A, H, W, dk]
             "read": self._read_index(feed, where).numpy(),
         }
         for name, array in small_inputs.items():
@@ -190,20 +194,16 @@ class OnnxEngine(Engine):
         """The slots ``read`` of a cache: a view of one contiguous block, or a gathered copy."""
         return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
 
-    def _self_bias(self, positions: list[int], steps: torch.Tensor) -> torch.Tensor:
-        """[A, Hb, W, C + W]: what each fed query adds to its score over the cached keys (-inf from
-        the row's length on) and over the fed keys (causal; T5's relative position bias)."""
+    def _self_bias(self, steps: torch.Tensor) -> torch.Tensor:
+        """[A, Hb, W + 1, C]: what each fed query at ``steps`` [A, W] adds to its score over the key at
+        each cache position (T5's relative position bias; -inf after the query: the causal mask, which
+        also hides what a rollback left behind), and the first query's again."""
         if steps.shape == (1, 1):  # one row, one token (a step at batch 1): a precomputed slice
             if self._one_token_bias is None:
-                every = torch.arange(self.capacity)[:, None]
-                self._one_token_bias = self._self_bias(every.flatten().tolist(), every)  # [C, Hb, 1, C + 1]
-            return self._one_token_bias[positions[0]][None]
-        table, capacity = self.table, self.capacity
-        cached = table[:, steps, :capacity]  # [Hb, A, W, C]
-        beyond = torch.arange(capacity)[None, :] >= torch.tensor(positions)[:, None]  # [A, C]
-        cached = cached.masked_fill(beyond[None, :, None, :], float("-inf"))
-        fed = table[:, steps[:, :, None], steps[:, None, :]]  # [Hb, A, W, W]
-        return torch.cat([cached, fed], dim=-1).transpose(0, 1).contiguous()
+                self._one_token_bias = self.table.transpose(0, 1)[:, :, None, :].expand(-1, -1, 2, -1).contiguous()
+            return self._one_token_bias[int(steps)][None]  # [1, Hb, 2, C]
+        steps = torch.cat([steps, steps[:, :1]], dim=1)  # the first query repeated (onnx_graph: _attention)
+        return self.table[:, steps].transpose(0, 1).contiguous()  # [A, Hb, W + 1, C]
 
     @staticmethod
     def _read_index(feed: Feed, where: list[int]) -> torch.Tensor:
@@ -221,17 +221,17 @@ class OnnxEngine(Engine):
         return torch.tensor([r * most + i for r, read in enumerate(feed.reads) for i in range(read)])
 
     def _write(self, feed: Feed, where: list[int], new_k: torch.Tensor, new_v: torch.Tensor) -> None:
-        """The fed positions' keys and values [A, L, H, W, dk] into the rows' slots."""
+        """The fed positions' keys [A, L, H, dk, W] and values [A, L, H, W, dk] into the rows' slots."""
         width = feed.width
         if len(feed.slots) == 1:
             slot, position = feed.slots[0], feed.positions[0]
-            self.self_k[:, slot, :, position : position + width] = new_k[where[0]]
+            self.self_k[:, slot, ..., position : position + width] = new_k[where[0]]
             self.self_v[:, slot, :, position : position + width] = new_v[where[0]]
             return
         slots = torch.tensor(feed.slots)[:, None]  # [R, 1]
         steps = torch.tensor(feed.positions)[:, None] + torch.arange(width)  # [R, W]
         fed = torch.tensor(where)
-        self.self_k[:, slots, :, steps] = new_k[fed].permute(0, 3, 1, 2, 4)  # [R, W, L, H, dk]
+        self.self_k[:, slots, :, :, steps] = new_k[fed].permute(0, 4, 1, 2, 3)  # [R, W, L, H, dk]
         self.self_v[:, slots, :, steps] = new_v[fed].permute(0, 3, 1, 2, 4)
 
 

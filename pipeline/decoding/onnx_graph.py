@@ -14,14 +14,16 @@ The step's inputs and outputs (A rows of W positions, C cache positions, S sourc
 | name | shape | what |
 |---|---|---|
 | hidden | [A, W, d] | the embedded tokens (embedding and positions in torch: one or two ops) |
-| self_k.l, self_v.l | [A, H, C, dk] | layer l's cache of the rows, handed over in place |
-| self_bias | [A, Hb, W, C + W] | added to q.k over cached keys then fed ones (-inf: not attended) |
-| cross_k.l, cross_v.l | [A, H, S, dk] | layer l's cross-attention keys and values |
-| cross_bias | [A, 1, W, S] | -inf past each row's source |
+| self_k.l, self_v.l | [A, H, dk, C], [A, H, C, dk] | layer l's cache of the rows, handed over in place |
+| key_index, value_index | [A, H, dk, W], [A, H, W, dk] | each fed position's place in the cache |
+| self_bias | [A, Hb, W + 1, C] | added to q.k at each key position (-inf: after the query); the last row
+repeats the first (see ``_attention``) |
+| cross_k.l, cross_v.l | [A, H, dk, S], [A, H, S, dk] | layer l's cross-attention keys and values |
+| cross_bias | [A, 1, 1, S] | -inf past each row's source |
 | read | [n] | the flat positions (a * W + i) whose logits are read |
 | logits | [n, V] | output |
-| new_k, new_v | [A, L, H, W, dk] | output: the fed positions' keys and values, which the engine writes
-into its cache |
+| new_k, new_v | [A, L, H, dk, W], [A, L, H, W, dk] | output: the fed positions' keys and values,
+which the engine writes into its cache |
 
 int8 (``quantize="int8"``): each matrix is one MatMulNBits op (8 bits): weights symmetric in blocks
 of 32 inputs per output column (scale max |w| / 127), activations quantized to int8 at run time by
@@ -57,8 +59,8 @@ class StepGraph:
         self.nodes: list = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
-        self._new_k: list[str] = []  # per layer: [A, 1, H, W, dk]
-        self._new_v: list[str] = []
+        self._new_k: list[str] = []  # per layer: [A, 1, H, dk, W]
+        self._new_v: list[str] = []  # per layer: [A, 1, H, W, dk]
 
     # --- building blocks --------------------------------------------------------------------------
 
@@ -146,33 +148,57 @@ class StepGraph:
         in the graph would copy the whole cache each step)."""
         return f"{cache}.{layer}"
 
-    def _attention(self, query: str, keys: str, values: str, bias: str, scale: float) -> str:
-        """onnxruntime's MultiHeadAttention: query [A, W, inner], keys and values [A, H, T, dk],
-        bias [A, Hb, W, T] added to the scores -> [A, W, inner]."""
-        return self.op("MultiHeadAttention", query, keys, values, "", "", bias, domain=MICROSOFT,
-                       num_heads=self.heads, scale=scale)
+    def _attention(self, query: str, keys_t: str, values: str, bias: str, scale: float) -> str:
+        """query [A, H, W, dk], keys_t [A, H, dk, T], values [A, H, T, dk], bias [A, Hb, W + 1, T] added
+        to the scores -> [A, W, inner].
+
+        A query's arithmetic is the same bit for bit whatever else the call holds (rows, fed
+        positions), which int8 rounding downstream would otherwise turn into other tokens
+        (measured on the demo pair: 8 of 200 outputs changed). So: plain MatMul and Softmax over the
+        keys at their absolute positions (onnxruntime's MultiHeadAttention over cached then fed
+        keys is not), and the query's first row repeated once, because MatMul takes another path,
+        with other rounding, for a single row (the extra row's result is dropped)."""
+        if scale != 1.0:
+            query = self.op("Mul", query, self.constant(scale))
+        first = self.op("Slice", query, *self._first_row())
+        query = self.op("Concat", query, first, axis=2)  # [A, H, W + 1, dk]
+        weights = self.op("Softmax", self.op("Add", self.op("MatMul", query, keys_t), bias), axis=-1)
+        attended = self.op("Slice", self.op("MatMul", weights, values), *self._all_but_last_row())  # [A, H, W, dk]
+        return self.op("Reshape", self.op("Transpose", attended, perm=[0, 2, 1, 3]),
+                       self.constant([0, 0, self.heads * self.d_kv], np.int64, name="shape"))
+
+    def _first_row(self) -> tuple[str, str, str]:
+        """Slice's starts, ends, axes for row 0 of axis 2."""
+        return (self.constant([0], np.int64, name="start"), self.constant([1], np.int64, name="end"),
+                self.constant([2], np.int64, name="axis"))
+
+    def _all_but_last_row(self) -> tuple[str, str, str]:
+        return (self.constant([0], np.int64, name="start"), self.constant([-1], np.int64, name="end"),
+                self.constant([2], np.int64, name="axis"))
 
     def self_attention(self, layer: int, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
-        """Causal self-attention of the fed positions over the cached ones and themselves:
-        hidden [A, W, d] @ [d, 3 * inner] gives q, k, v; k and v also go out as new_k, new_v."""
+        """Causal self-attention of the fed positions: hidden [A, W, d] @ [d, 3 * inner] gives q, k, v;
+        k and v are put at their positions in (a copy of) the layer's cache, attended over, and go
+        out as new_k, new_v for the engine to write into its own."""
         qkv = self.op("Reshape", self.matmul(hidden, matrix, bias),
                       self.constant([0, 0, 3, self.heads, self.d_kv], np.int64, name="shape"))  # [A, W, 3, H, dk]
+        parts = self.op("Transpose", qkv, perm=[2, 0, 3, 1, 4])  # [3, A, H, W, dk]
         query, key, value = self._fresh("query"), self._fresh("key"), self._fresh("value")
-        self.nodes.append(helper.make_node("Split", [qkv], [query, key, value], axis=2))  # [A, W, 1, H, dk] each
-        query = self.op("Reshape", query, self.constant([0, 0, self.heads * self.d_kv], np.int64, name="shape"))
-        one = self.constant([1], np.int64, name="axis")
-        attended = []
-        for part, cache, new in ((key, "self_k", self._new_k), (value, "self_v", self._new_v)):
-            fed = self.op("Transpose", part, perm=[0, 2, 3, 1, 4])  # [A, 1, H, W, dk]
-            new.append(fed)
-            attended.append(self.op("Concat", self._layer_of(cache, layer), self.op("Squeeze", fed, one),
-                                    axis=2))  # [A, H, C + W, dk]
-        return self._attention(query, *attended, "self_bias", scale)
+        self.nodes.append(helper.make_node("Split", [parts], [query, key, value], axis=0))
+        zero, one = self.constant([0], np.int64, name="axis"), self.constant([1], np.int64, name="axis")
+        query, value = self.op("Squeeze", query, zero), self.op("Squeeze", value, zero)  # [A, H, W, dk]
+        key_t = self.op("Transpose", self.op("Squeeze", key, zero), perm=[0, 1, 3, 2])  # [A, H, dk, W]
+        self._new_k.append(self.op("Unsqueeze", key_t, one))
+        self._new_v.append(self.op("Unsqueeze", value, one))
+        keys_t = self.op("ScatterElements", self._layer_of("self_k", layer), "key_index", key_t, axis=3)  # [A, H, dk, C]
+        values = self.op("ScatterElements", self._layer_of("self_v", layer), "value_index", value, axis=2)  # [A, H, C, dk]
+        return self._attention(query, keys_t, values, "self_bias", scale)
 
     def cross_attention(self, layer: int, query: str, scale: float = 1.0) -> str:
         """Attention over the rows' encoder outputs; query [A, W, inner] -> [A, W, inner]."""
-        return self._attention(query, self._layer_of("cross_k", layer), self._layer_of("cross_v", layer),
-                               "cross_bias", scale)
+        query = self.op("Reshape", query, self.constant([0, 0, self.heads, self.d_kv], np.int64, name="shape"))
+        return self._attention(self.op("Transpose", query, perm=[0, 2, 1, 3]), self._layer_of("cross_k", layer),
+                               self._layer_of("cross_v", layer), "cross_bias", scale)
 
     def read(self, hidden: str) -> str:
         """[A, W, d] -> [n, d]: the positions whose logits are read."""
@@ -188,19 +214,21 @@ class StepGraph:
         self.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
         floats = TensorProto.FLOAT
         L, H, dk = self.layers, self.heads, self.d_kv
-        caches = {"self_k": ["A", H, "C", dk], "self_v": ["A", H, "C", dk], "cross_k": ["A", H, "S", dk],
+        caches = {"self_k": ["A", H, dk, "C"], "self_v": ["A", H, "C", dk], "cross_k": ["A", H, dk, "S"],
                   "cross_v": ["A", H, "S", dk]}
         inputs = [
             helper.make_tensor_value_info("hidden", floats, ["A", "W", self.d_model]),
-            helper.make_tensor_value_info("self_bias", floats, ["A", "Hb", "W", "CW"]),
-            helper.make_tensor_value_info("cross_bias", floats, ["A", 1, "W", "S"]),
+            helper.make_tensor_value_info("self_bias", floats, ["A", "Hb", "W1", "C"]),
+            helper.make_tensor_value_info("cross_bias", floats, ["A", 1, 1, "S"]),
+            helper.make_tensor_value_info("key_index", TensorProto.INT64, ["A", H, dk, "W"]),
+            helper.make_tensor_value_info("value_index", TensorProto.INT64, ["A", H, "W", dk]),
             helper.make_tensor_value_info("read", TensorProto.INT64, ["n"]),
             *(helper.make_tensor_value_info(self._layer_of(cache, layer), floats, shape)
               for cache, shape in caches.items() for layer in range(L)),
         ]
         outputs = [
             helper.make_tensor_value_info("logits", floats, ["n", "V"]),
-            helper.make_tensor_value_info("new_k", floats, ["A", L, H, "W", dk]),
+            helper.make_tensor_value_info("new_k", floats, ["A", L, H, dk, "W"]),
             helper.make_tensor_value_info("new_v", floats, ["A", L, H, "W", dk]),
         ]
         initializers = [numpy_helper.from_array(value, name) for name, value in self.initializers.items()]
