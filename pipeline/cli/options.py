@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.decoding.config import DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig
+from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig
 
 
 def options(*specs):
@@ -53,7 +53,13 @@ decoding_options = options(
                  help="alpha_RB: a draft with -log pL above this (and not the large model's choice) rolls back."),
     click.option("--max-draft-tokens", type=int, default=_defaults.max_draft_tokens, show_default=True),
     click.option("--draft-window", type=click.Choice(DRAFT_WINDOWS), default=_defaults.draft_window,
-                 show_default=True, help="speculative only: fixed k, or BiLD's fallback window."),
+                 show_default=True, help="speculative and cascade: fixed k, or BiLD's fallback window."),
+    click.option("--deferral", type=click.Choice(DEFERRALS), default=_defaults.deferral, show_default=True,
+                 help="cascade: the rule that defers a drafted position to the large model."),
+    click.option("--deferral-threshold", type=float, default=_defaults.deferral_threshold, show_default=True,
+                 help="cascade: the rule's alpha (higher: fewer deferrals)."),
+    click.option("--lenience", type=float, default=_defaults.lenience, show_default=True,
+                 help="speculative: lossy speculative sampling's lambda in [0, 1) (0: lossless)."),
     click.option("--max-input-tokens", type=int, default=_defaults.max_input_tokens, show_default=True),
     click.option("--max-new-tokens", type=int, default=_defaults.max_new_tokens, show_default=True),
     click.option("--do-sample/--greedy", default=_defaults.do_sample, show_default=True),

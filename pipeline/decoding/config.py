@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Method = Literal["bild", "speculative", "large", "small"]
+Method = Literal["bild", "speculative", "cascade", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]
-METHODS: tuple[str, ...] = ("bild", "speculative", "large", "small")
+METHODS: tuple[str, ...] = ("bild", "speculative", "cascade", "large", "small")
+# Speculative cascades' deferral rules (policies.deferral; Narasimhan et al., ICLR 2025).
+DEFERRALS: tuple[str, ...] = ("chow", "diff", "opt")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
 # Which engine runs the models (engine.py): auto/native take the native one where it exists; onnx
 # runs the native engine's decoder step as one onnxruntime call (onnx_engine.py; CPU, float32 or int8).
@@ -58,6 +60,11 @@ class DecodingConfig:
     # `speculative` only: "fixed" drafts exactly k tokens; "fallback" stops early, as BiLD does,
     # when the small model's confidence falls below fallback_threshold. Lossless either way.
     draft_window: DraftWindow = "fixed"
+    # `cascade` only: the rule that defers a drafted position to the large model, and its alpha.
+    deferral: str = "chow"  # one of DEFERRALS
+    deferral_threshold: float = 0.1
+    # `speculative` only: lossy speculative sampling's lambda (0: lossless; Leviathan et al., A.5).
+    lenience: float = 0.0
     max_input_tokens: int = 512
     max_new_tokens: int = 128
     do_sample: bool = False
@@ -71,6 +78,17 @@ class DecodingConfig:
             problems.append(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.draft_window not in DRAFT_WINDOWS:
             problems.append(f"draft_window must be one of {', '.join(DRAFT_WINDOWS)}, got {self.draft_window!r}")
+        if self.deferral not in DEFERRALS:
+            problems.append(f"deferral must be one of {', '.join(DEFERRALS)}, got {self.deferral!r}")
+        low = {"chow": 0.0, "diff": -1.0, "opt": 0.0}.get(self.deferral, 0.0)
+        high = float("inf") if self.deferral == "opt" else 1.0
+        if not low <= self.deferral_threshold <= high:
+            problems.append(f"deferral_threshold for {self.deferral} must lie in [{low:g}, {high:g}], "
+                            f"got {self.deferral_threshold}")
+        if not 0.0 <= self.lenience < 1.0:
+            problems.append(f"lenience must lie in [0, 1), got {self.lenience}")
+        if self.lenience and self.method != "speculative":
+            problems.append(f"lenience is lossy speculative decoding's; method is {self.method!r}")
         if not 0.0 <= self.fallback_threshold <= 1.0:
             problems.append(f"fallback_threshold must lie in [0, 1], got {self.fallback_threshold}")
         if self.rollback_threshold < 0:

@@ -32,7 +32,14 @@ import torch
 
 from pipeline.decoding.config import DecodingConfig
 from pipeline.decoding.engine import Engine, Feed
-from pipeline.decoding.policies import Verdict, bild_verify, fallback, greedy_match_verify, speculative_verify
+from pipeline.decoding.policies import (
+    Verdict,
+    bild_verify,
+    cascade_verify,
+    fallback,
+    greedy_match_verify,
+    speculative_verify,
+)
 from pipeline.decoding.sampling import RowSampler, choose, to_probs
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
@@ -79,6 +86,7 @@ class _Row:
     stats: DecodeStats = field(default_factory=DecodeStats)
     drafts: int = 0
     draft_probs: list[torch.Tensor] = field(default_factory=list)  # q per draft, when sampling
+    draft_logits: list[torch.Tensor] = field(default_factory=list)  # the small model's logits per draft (cascade)
     waiting: bool = False
     ended_on_eos: bool = False
 
@@ -128,7 +136,7 @@ class Scheduler:
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
         outputs: list[DecodeOutput | None] = [None] * len(requests)
-        step = self._step_drafts if self.config.method in ("bild", "speculative") else self._step_one_model
+        step = self._step_drafts if self.config.method in ("bild", "speculative", "cascade") else self._step_one_model
         while queue or active:
             joining = []
             # Newcomers join in groups (one encoder pass for all), unless the queue is nearly empty.
@@ -242,6 +250,8 @@ class Scheduler:
             row.drafts += 1
             if self.config.do_sample:
                 row.draft_probs.append(probs[i])
+            if self.config.method == "cascade":
+                row.draft_logits.append(logits[i])
             if tokens[i] in self.eos_ids:
                 row.ended_on_eos = row.waiting = True
             elif row.drafts >= self._window(row):
@@ -304,6 +314,8 @@ class Scheduler:
             stats.draft_tokens += row.drafts
             stats.small_tokens += accepted[i]
             stats.rollbacks += int(rejected[i])
+            if verdict.deferred is not None:
+                stats.deferrals += int(verdict.deferred[i])
             row.length += accepted[i]  # kept drafts are already in the buffer
             # Both models may have read drafts past the kept prefix: drop those cache entries.
             self.small.rewind(row.slot, row.length)
@@ -315,7 +327,7 @@ class Scheduler:
                 stats.large_tokens += 1
                 done = next_token[i] in self.eos_ids
             done = done or row.produced() >= config.max_new_tokens
-            row.drafts, row.draft_probs, row.waiting, row.ended_on_eos = 0, [], False, False
+            row.drafts, row.draft_probs, row.draft_logits, row.waiting, row.ended_on_eos = 0, [], [], False, False
             if done:
                 finished.append(row)
         return finished
@@ -326,16 +338,42 @@ class Scheduler:
         drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
         if config.method == "speculative" and not config.do_sample:
             return greedy_match_verify(drafts, num_drafts, logits.argmax(dim=-1))
+        if config.method == "cascade":
+            return self._judge_cascade(rows, drafts, num_drafts, logits)
         large_probs = self._probs(logits)  # [R, K+1, V]
         sampler = RowSampler([row.sampler.generators[0] for row in rows]) if config.do_sample else None
         if config.method == "speculative":
-            draft_probs = torch.zeros_like(large_probs[:, :-1])  # [R, K, V]
-            for i, row in enumerate(rows):
-                if row.draft_probs:
-                    draft_probs[i, : row.drafts] = torch.stack(row.draft_probs)
-            return speculative_verify(drafts, num_drafts, draft_probs, large_probs, sampler)
+            return speculative_verify(drafts, num_drafts, self._draft_probs(rows, large_probs), large_probs, sampler,
+                                      config.lenience)
         large_choice = choose(large_probs, config.do_sample, sampler, counts=num_drafts + 1)
         return bild_verify(drafts, num_drafts, large_probs, large_choice, config.rollback_threshold)
+
+    def _judge_cascade(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor,
+                       logits: torch.Tensor) -> Verdict:
+        """A speculative cascade: each drafted position's deferral decision (from untempered q and p),
+        then the target (1 - r) q + r p verified as speculative sampling verifies p; greedy, q and p
+        one-hot (policies.greedy_cascade_verify)."""
+        config = self.config
+        small_logits = logits.new_zeros((len(rows), drafts.shape[1], logits.shape[-1]))  # [R, K, V]
+        for i, row in enumerate(rows):
+            if row.draft_logits:
+                small_logits[i, : row.drafts] = torch.stack(row.draft_logits)
+        large_probs = self._probs(logits)  # [R, K+1, V] (tempered when sampling)
+        if config.do_sample:  # the very q each draft was sampled from
+            sampler = RowSampler([row.sampler.generators[0] for row in rows])
+            draft_probs = self._draft_probs(rows, large_probs)
+        else:
+            sampler, draft_probs = None, self._probs(small_logits)
+        return cascade_verify(config.deferral, config.deferral_threshold, drafts, num_drafts, small_logits, logits,
+                              draft_probs, large_probs, sampler)
+
+    def _draft_probs(self, rows: list[_Row], large_probs: torch.Tensor) -> torch.Tensor:
+        """[R, K, V]: the small model's (tempered) q of each row's drafts, zeros past them."""
+        draft_probs = torch.zeros_like(large_probs[:, :-1])
+        for i, row in enumerate(rows):
+            if row.draft_probs:
+                draft_probs[i, : row.drafts] = torch.stack(row.draft_probs)
+        return draft_probs
 
     # --- distributions and choices --------------------------------------------------------------
 

@@ -21,6 +21,7 @@ class DecodeStats:
     small_calls: int = 0
     large_calls: int = 0
     draft_tokens: int = 0  # small-model tokens sent for verification (kept or discarded)
+    deferrals: int = 0  # cascade: drafted positions its deferral rule sent to the large model
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -74,6 +75,11 @@ class DecodeStats:
     def draft_acceptance(self) -> float | None:
         """Share of the drafts sent for verification that were kept; None without drafts."""
         return self.small_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def deferral_share(self) -> float | None:
+        """Share of the drafts sent for verification whose deferral rule deferred (cascade); None without drafts."""
+        return self.deferrals / self.draft_tokens if self.draft_tokens else None
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.decoding.config import DTYPE_NAMES, ENGINES, QUANTIZE_NAMES, DecodingConfig, ModelSpec
+from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig, ModelSpec
 
 
 class _Section(BaseModel):
@@ -69,17 +69,29 @@ class ModelsSection(_Section):
 class DecodingSection(_Section):
     """The fields of pipeline.decoding.DecodingConfig, validated here so errors name the key."""
 
-    method: Literal["bild", "speculative", "large", "small"] = "bild"
+    method: Literal[METHODS] = "bild"
     fallback_threshold: float = Field(default=0.4, ge=0.0, le=1.0)
     rollback_threshold: float = Field(default=3.0, ge=0.0)
     max_draft_tokens: int = Field(default=10, ge=1)
     draft_window: Literal["fixed", "fallback"] = "fixed"
+    deferral: Literal[DEFERRALS] = Field(
+        default="chow", description="cascade: the deferral rule (chow, diff, opt; docs/decoding.md).")
+    deferral_threshold: float = Field(
+        default=0.1, description="cascade: the rule's alpha (chow: [0, 1], diff: [-1, 1], opt: >= 0); a higher "
+                                 "alpha defers less.")
+    lenience: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="speculative: lossy speculative sampling's lambda (0: lossless).")
     max_input_tokens: int = Field(default=512, ge=1)
     max_new_tokens: int = Field(default=128, ge=1)
     do_sample: bool = False
     temperature: float = Field(default=1.0, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _settings_fit_together(self):
+        self.to_config()  # DecodingConfig's own checks (a deferral_threshold out of its rule's range, ...)
+        return self
 
     def to_config(self) -> DecodingConfig:
         return DecodingConfig(**self.model_dump())

@@ -129,7 +129,8 @@ def verify_with_residual(name: str):
     the same acceptances, the same bonus tokens, a slightly wrong distribution."""
     residual = RESIDUALS[name]
 
-    def verify(drafts, num_drafts, draft_probs, target_probs, sampler) -> Verdict:
+    def verify(drafts, num_drafts, draft_probs, target_probs, sampler, lenience: float = 0.0) -> Verdict:
+        assert lenience == 0.0  # the controls are of the lossless sampler
         verdict = speculative_verify(drafts, num_drafts, draft_probs, target_probs, sampler)
         if drafts.shape[1] == 0 or not bool(verdict.rejected.any()):
             return verdict
