@@ -119,6 +119,20 @@ def _floats(text: str) -> list[float]:
         raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
 
 
+def _cascade_grid(values: tuple[str, ...]) -> dict[str, list[float]]:
+    """--cascade RULE=ALPHAS options -> {rule: [alpha, ...]}."""
+    from pipeline.decoding.config import DEFERRALS
+
+    grid: dict[str, list[float]] = {}
+    for value in values:
+        rule, _, alphas = value.partition("=")
+        if rule not in DEFERRALS or not alphas:
+            raise click.BadParameter(f"expected RULE=ALPHAS with RULE one of {', '.join(DEFERRALS)}, got {value!r}",
+                                     param_hint="--cascade")
+        grid.setdefault(rule, []).extend(_floats(alphas))
+    return grid
+
+
 def _positive_ints(text: str, option: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -136,21 +150,30 @@ def _positive_ints(text: str, option: str) -> list[int]:
 @click.option("--rollback", default="2,3,5", show_default=True, help="alpha_RB values, comma-separated.")
 @click.option("--window", default=None, help="max_draft_tokens values, comma-separated: a third grid axis "
               "(points then end in _w<N>; default: the job's window only).")
+@click.option("--cascade", "cascades", multiple=True, metavar="RULE=ALPHAS",
+              help="Speculative-cascade points: a deferral rule and its alpha values, e.g. chow=0.1,0.3,0.5 "
+                   "(repeat for more rules; points cascade_<rule>_a<alpha>).")
+@click.option("--lenience", "leniences", default=None,
+              help="Speculative points at these lambda values, comma-separated (0: lossless; points speculative_l<lambda>).")
 @override_option
 @click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
               "for a local output, else ./sweep).")
 @click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
 @verbose_option
-def sweep(job_file, fallback, rollback, window, overrides, out_dir, address, verbose):
-    """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small`; map latency vs quality."""
+def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, out_dir, address, verbose):
+    """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small` (and cascade and lossy
+    speculative points); map latency vs quality."""
     from pathlib import Path
 
     from pipeline.jobs.sweep import run_sweep, write_sweep
 
     windows = _positive_ints(window, "--window") if window is not None else None
+    cascade_grid = _cascade_grid(cascades)
+    lenience_grid = _floats(leniences) if leniences is not None else None
     job = _load_job_or_exit(job_file, overrides)
     summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
-                                          address=address, windows=windows, verbose=verbose, progress=True)
+                                          address=address, windows=windows, verbose=verbose, progress=True,
+                                          cascades=cascade_grid, leniences=lenience_grid)
     if out_dir is None:
         out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
     for path in write_sweep(table, job.task, out_dir, job.name):

@@ -76,6 +76,8 @@ class RunSummary:
     # is the time until the first actor call began decoding.
     end_to_end_seconds: float = 0.0
     startup_seconds: float | None = None
+    # Cascade runs: the share of drafted positions whose deferral rule deferred (None without any).
+    deferral_share: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,7 +97,8 @@ class RunSummary:
                 + ")",
                 f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
                 f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
-                f"rollbacks per 100 tokens",
+                f"rollbacks per 100 tokens"
+                + (f"; {100 * self.deferral_share:.1f}% of drafted positions deferred" if self.deferral_share else ""),
                 f"  engine: {', '.join(self.engines) or 'none'}"
                 + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
             ]
@@ -331,4 +334,5 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         end_to_end_seconds=time.time() - job_started,
         startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
         quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
+        deferral_share=totals.deferral_share if totals.deferrals else None,
     )

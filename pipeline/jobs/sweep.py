@@ -28,11 +28,14 @@ PRIMARY_METRIC = {"translation": "bleu", "summarization": "rougeL"}
 
 
 def grid_points(base: DecodingConfig, fallbacks: list[float], rollbacks: list[float],
-                windows: list[int] | None = None) -> Points:
-    """`large`, `small`, then one `bild` point per (fallback, rollback[, window]), named after them.
+                windows: list[int] | None = None, cascades: dict[str, list[float]] | None = None,
+                leniences: list[float] | None = None) -> Points:
+    """`large`, `small`, then one `bild` point per (fallback, rollback[, window]), named after them;
+    then one `cascade` point per (rule, alpha) of ``cascades`` (``cascade_chow_a0.3``) and one
+    `speculative` point per lenience (``speculative_l0.2``; lossy above 0).
 
-    ``windows`` (values of max_draft_tokens) is a third grid axis; without it every point keeps
-    the job's window and the names stay ``bild_fb{a}_rb{b}``.
+    ``windows`` (values of max_draft_tokens) is a third grid axis of the bild points; without it every
+    point keeps the job's window and the names stay ``bild_fb{a}_rb{b}``.
     """
     points = [("large", dataclasses.replace(base, method="large")),
               ("small", dataclasses.replace(base, method="small"))]
@@ -44,6 +47,12 @@ def grid_points(base: DecodingConfig, fallbacks: list[float], rollbacks: list[fl
                 if window is not None:
                     settings["max_draft_tokens"] = window
                 points.append((name, dataclasses.replace(base, **settings)))
+    for rule, alphas in (cascades or {}).items():
+        for alpha in alphas:
+            points.append((f"cascade_{rule}_a{alpha:g}",
+                           dataclasses.replace(base, method="cascade", deferral=rule, deferral_threshold=alpha)))
+    for lenience in leniences or []:
+        points.append((f"speculative_l{lenience:g}", dataclasses.replace(base, method="speculative", lenience=lenience)))
     return tuple(points)
 
 
@@ -102,8 +111,9 @@ def score_points(run_path: str, task: str, storage_options: dict | None = None) 
 
 
 def run_sweep(job: JobConfig, fallbacks: list[float], rollbacks: list[float], address: str | None = None,
-              windows: list[int] | None = None, verbose: bool = False, progress: bool = False):
-    points = grid_points(job.decoding.to_config(), fallbacks, rollbacks, windows)
+              windows: list[int] | None = None, verbose: bool = False, progress: bool = False,
+              cascades: dict[str, list[float]] | None = None, leniences: list[float] | None = None):
+    points = grid_points(job.decoding.to_config(), fallbacks, rollbacks, windows, cascades, leniences)
     summary = run_job(job, address=address, points=points, verbose=verbose, progress=progress)
     table = score_points(job.output.path, job.task, job.output.storage_options)
     return summary, table
@@ -118,7 +128,7 @@ def write_sweep(table: list[dict], task: str, out_dir: str | Path, title: str) -
     (out / "sweep.json").write_text(json.dumps({"task": task, "metric": metric, "points": table}, indent=2,
                                                default=str))
     columns = ["point", metric, "latency_ms", "speedup_vs_large", "small_token_share", "fallbacks_per_100_tokens",
-               "rollbacks_per_100_tokens", "pareto"]
+               "rollbacks_per_100_tokens", "deferral_share", "pareto"]
     lines = [f"# Sweep: {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for point in table:
         cells = [f"{point.get(c):.3f}" if isinstance(point.get(c), float) else str(point.get(c, "")) for c in columns]
@@ -141,8 +151,10 @@ def pick_point(table: list[dict], metric: str, max_drop: float) -> dict:
 
 
 def preset_yaml(point: dict, metric: str, max_drop: float, source: str) -> str:
-    decoding = {key: point[key] for key in ("method", "fallback_threshold", "rollback_threshold", "max_draft_tokens")
-                if key in point}
+    keys = {"bild": ("fallback_threshold", "rollback_threshold"),
+            "cascade": ("deferral", "deferral_threshold", "draft_window", "fallback_threshold"),
+            "speculative": ("lenience", "draft_window", "fallback_threshold")}.get(point.get("method"), ())
+    decoding = {key: point[key] for key in ("method", *keys, "max_draft_tokens") if key in point}
     header = (f"# Chosen by `bild-pipeline tune` from {source}: the fastest point with {metric} at most "
               f"{max_drop:g} below `large`.\n# {point['point']}: {metric} {point[metric]:.2f}, "
               f"latency {point['latency_ms']:.1f} ms, speedup {point.get('speedup_vs_large') or 0:.2f}x.\n")

@@ -43,6 +43,7 @@ def bild_behaviour(table: pa.Table) -> dict[str, float]:
         "small_calls_per_token": totals.small_calls_per_token,
         "discarded_draft_tokens": totals.discarded_draft_tokens,
         "discarded_per_100_tokens": totals.discarded_per_100_tokens,
+        "deferral_share": totals.deferral_share,  # cascade: drafted positions deferred (None without drafts)
     }
 
 

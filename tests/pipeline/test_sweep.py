@@ -47,6 +47,41 @@ def test_a_window_grid_is_a_third_axis_and_names_its_points():
     assert points["large"].max_draft_tokens == 10  # the baselines keep the job's settings
 
 
+def test_cascade_and_lenience_points_follow_the_bild_grid():
+    points = dict(grid_points(DecodingConfig(), [0.4], [1], cascades={"chow": [0.1, 0.3], "opt": [0.5]},
+                              leniences=[0.0, 0.2]))
+    assert list(points) == ["large", "small", "bild_fb0.4_rb1", "cascade_chow_a0.1", "cascade_chow_a0.3",
+                            "cascade_opt_a0.5", "speculative_l0", "speculative_l0.2"]
+    chow = points["cascade_chow_a0.3"]
+    assert (chow.method, chow.deferral, chow.deferral_threshold) == ("cascade", "chow", 0.3)
+    assert (points["speculative_l0.2"].method, points["speculative_l0.2"].lenience) == ("speculative", 0.2)
+
+
+@pytest.mark.parametrize("option", [["--cascade", "sometimes=0.1"], ["--cascade", "chow"]])
+def test_a_bad_cascade_grid_is_refused_before_anything_runs(tmp_path, option):
+    result = CliRunner().invoke(main, ["sweep", str(tmp_path / "missing.yaml"), *option])
+    assert result.exit_code == 2 and "--cascade" in result.output
+
+
+def test_tune_picks_across_methods_and_writes_the_cascades_keys(tmp_path):
+    points = [{**p, "method": "bild", "fallback_threshold": 0.4, "rollback_threshold": 3.0} for p in POINTS]
+    points.append({"point": "cascade_diff_a0.1", "latency_ms": 15.0, "bleu": 30.9, "method": "cascade",
+                   "deferral": "diff", "deferral_threshold": 0.1, "draft_window": "fixed", "fallback_threshold": 0.4,
+                   "rollback_threshold": 3.0, "max_draft_tokens": 10, "lenience": 0.0})
+    (tmp_path / "sweep.json").write_text(json.dumps({"task": "translation", "metric": "bleu", "points": points}))
+    out = tmp_path / "tuned.yaml"
+    result = CliRunner().invoke(main, ["tune", str(tmp_path / "sweep.json"), "--max-drop", "0.5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    preset = yaml.safe_load(out.read_text())["decoding"]
+    assert preset == {"method": "cascade", "deferral": "diff", "deferral_threshold": 0.1, "draft_window": "fixed",
+                      "fallback_threshold": 0.4, "max_draft_tokens": 10}
+    from pipeline.jobs.schema import DecodingSection
+
+    assert DecodingSection(**preset).to_config().method == "cascade"  # a job accepts it
+
+
 @pytest.mark.parametrize("window", ["0", "4,x", ""])
 def test_a_bad_window_list_is_refused_before_anything_runs(tmp_path, window):
     result = CliRunner().invoke(main, ["sweep", str(tmp_path / "missing.yaml"), "--window", window])
