@@ -133,6 +133,16 @@ def write_sweep(table: list[dict], task: str, out_dir: str | Path, title: str) -
     for point in table:
         cells = [f"{point.get(c):.3f}" if isinstance(point.get(c), float) else str(point.get(c, "")) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
+    if table and all(metric in p for p in table):
+        lines += ["", "Each method's frontier (its points no faster point of the same method beats):", "",
+                  "| method | point | " + metric + " | latency_ms | speedup_vs_large |", "|---|---|---|---|---|"]
+        families: dict[str, list[dict]] = {}
+        for point in table:
+            families.setdefault(plots.method_family(point), []).append(point)
+        for family, members in families.items():
+            for point in plots.frontier(members, metric):
+                lines.append(f"| {family} | {point['point']} | {point[metric]:.2f} | {point['latency_ms']:.1f} | "
+                             f"{point.get('speedup_vs_large') or 0:.2f} |")
     made = [out / "sweep.json", out / "sweep.md"]
     if table and all(metric in p and "pareto" in p for p in table):
         made.append(plots.latency_quality(table, metric, out / "sweep.png", f"{title}: latency vs {metric}"))

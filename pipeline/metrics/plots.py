@@ -37,14 +37,36 @@ def actor_throughput(per_actor: dict[str, float], path: Path) -> Path:
     return _saved(fig, path)
 
 
+def method_family(point: dict) -> str:
+    """What a sweep point's frontier is drawn with: its method, a cascade's with its rule."""
+    method = point.get("method") or point["point"]
+    return f"cascade {point.get('deferral')}" if method == "cascade" else method
+
+
+def frontier(points: list[dict], metric: str) -> list[dict]:
+    """The points no faster-or-equal point of the list beats on ``metric``, by latency."""
+    best, kept = float("-inf"), []
+    for point in sorted(points, key=lambda p: (p["latency_ms"], -p[metric])):
+        if point[metric] > best:
+            kept.append(point)
+            best = point[metric]
+    return kept
+
+
 def latency_quality(points: list[dict], metric: str, path: Path, title: str) -> Path:
-    """Latency (x) against quality (y) for every sweep point, the Pareto front joined by a line."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    front = sorted((p for p in points if p["pareto"]), key=lambda p: p["latency_ms"])
-    others = [p for p in points if not p["pareto"]]
-    ax.scatter([p["latency_ms"] for p in others], [p[metric] for p in others], color="#999999", label="grid point")
-    ax.plot([p["latency_ms"] for p in front], [p[metric] for p in front], "o-", color="#C44E52",
-            label="Pareto front")
+    """Latency (x) against quality (y) for every sweep point: each method's own frontier as a line
+    (a cascade's per rule), the overall Pareto front circled."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    families: dict[str, list[dict]] = {}
+    for point in points:
+        families.setdefault(method_family(point), []).append(point)
+    for family, members in families.items():
+        line = frontier(members, metric)
+        shown = ax.plot([p["latency_ms"] for p in line], [p[metric] for p in line], "-", marker=".", label=family)
+        ax.scatter([p["latency_ms"] for p in members], [p[metric] for p in members], s=10, color=shown[0].get_color())
+    front = [p for p in points if p.get("pareto")]
+    ax.scatter([p["latency_ms"] for p in front], [p[metric] for p in front], s=80, facecolors="none",
+               edgecolors="#C44E52", label="Pareto front (all methods)")
     for p in points:
         ax.annotate(p["point"], (p["latency_ms"], p[metric]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("mean latency per record (ms)")
