@@ -75,15 +75,12 @@ def bild_verify(
 
 
 def greedy_match_verify(drafts: torch.Tensor, num_drafts: torch.Tensor, large_choice: torch.Tensor) -> Verdict:
-    """Greedy speculative decoding: keep drafts while d_i == argmax pL, then take argmax pL.
+    """Greedy speculative decoding: keep drafts while d_i == argmax pL, then take argmax pL (a greedy
+    cascade whose rule defers at every position).
 
     drafts [B, K], num_drafts [B], large_choice [B, K+1] (the large model's argmax per slot)
     """
-    width = drafts.shape[1]
-    mismatch = (drafts != large_choice[:, :width]) & _draft_slots(num_drafts, width)
-    accepted = _first_true(mismatch, default=num_drafts)
-    next_token = large_choice.gather(1, accepted[:, None]).squeeze(1)
-    return Verdict(accepted=accepted, next_token=next_token, rejected=mismatch.any(dim=1))
+    return greedy_cascade_verify(drafts, num_drafts, torch.ones_like(drafts, dtype=torch.bool), large_choice)
 
 
 def deferral(rule: str, alpha: float, q_raw: torch.Tensor, p_raw: torch.Tensor, q: torch.Tensor,

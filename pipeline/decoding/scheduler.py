@@ -338,42 +338,28 @@ class Scheduler:
         drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
         if config.method == "speculative" and not config.do_sample:
             return greedy_match_verify(drafts, num_drafts, logits.argmax(dim=-1))
-        if config.method == "cascade":
-            return self._judge_cascade(rows, drafts, num_drafts, logits)
-        large_probs = self._probs(logits)  # [R, K+1, V]
+        large_probs = self._probs(logits)  # [R, K+1, V] (tempered when sampling)
         sampler = RowSampler([row.sampler.generators[0] for row in rows]) if config.do_sample else None
+        if config.method == "cascade":  # deferral decisions from untempered q and p (policies.cascade_verify)
+            small_logits = self._per_draft([row.draft_logits for row in rows], logits[:, :-1])
+            draft_probs = (self._per_draft([row.draft_probs for row in rows], large_probs[:, :-1]) if sampler
+                           else self._probs(small_logits))  # sampling: the very q each draft was drawn from
+            return cascade_verify(config.deferral, config.deferral_threshold, drafts, num_drafts, small_logits, logits,
+                                  draft_probs, large_probs, sampler)
         if config.method == "speculative":
-            return speculative_verify(drafts, num_drafts, self._draft_probs(rows, large_probs), large_probs, sampler,
-                                      config.lenience)
+            draft_probs = self._per_draft([row.draft_probs for row in rows], large_probs[:, :-1])
+            return speculative_verify(drafts, num_drafts, draft_probs, large_probs, sampler, config.lenience)
         large_choice = choose(large_probs, config.do_sample, sampler, counts=num_drafts + 1)
         return bild_verify(drafts, num_drafts, large_probs, large_choice, config.rollback_threshold)
 
-    def _judge_cascade(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor,
-                       logits: torch.Tensor) -> Verdict:
-        """A speculative cascade: each drafted position's deferral decision (from untempered q and p),
-        then the target (1 - r) q + r p verified as speculative sampling verifies p; greedy, q and p
-        one-hot (policies.greedy_cascade_verify)."""
-        config = self.config
-        small_logits = logits.new_zeros((len(rows), drafts.shape[1], logits.shape[-1]))  # [R, K, V]
-        for i, row in enumerate(rows):
-            if row.draft_logits:
-                small_logits[i, : row.drafts] = torch.stack(row.draft_logits)
-        large_probs = self._probs(logits)  # [R, K+1, V] (tempered when sampling)
-        if config.do_sample:  # the very q each draft was sampled from
-            sampler = RowSampler([row.sampler.generators[0] for row in rows])
-            draft_probs = self._draft_probs(rows, large_probs)
-        else:
-            sampler, draft_probs = None, self._probs(small_logits)
-        return cascade_verify(config.deferral, config.deferral_threshold, drafts, num_drafts, small_logits, logits,
-                              draft_probs, large_probs, sampler)
-
-    def _draft_probs(self, rows: list[_Row], large_probs: torch.Tensor) -> torch.Tensor:
-        """[R, K, V]: the small model's (tempered) q of each row's drafts, zeros past them."""
-        draft_probs = torch.zeros_like(large_probs[:, :-1])
-        for i, row in enumerate(rows):
-            if row.draft_probs:
-                draft_probs[i, : row.drafts] = torch.stack(row.draft_probs)
-        return draft_probs
+    @staticmethod
+    def _per_draft(per_row: list[list[torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
+        """[R, K, V] shaped as ``like``: each row's per-draft vectors (q or logits), zeros past its drafts."""
+        stacked = torch.zeros_like(like)
+        for i, values in enumerate(per_row):
+            if values:
+                stacked[i, : len(values)] = torch.stack(values)
+        return stacked
 
     # --- distributions and choices --------------------------------------------------------------
 
