@@ -24,7 +24,7 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
-from pipeline.tiny import EOS, PAD, byte_tokenizer, save_models
+from pipeline.tiny import SPECIAL_TOKENS, byte_tokenizer, save_models
 
 
 def _t5(d_model: int, layers: int, heads: int) -> dict:
@@ -39,6 +39,9 @@ def _bart(d_model: int, encoder: int, decoder: int, heads: int) -> dict:
 
 # name -> (model class, config class, vocabulary, small shape, large shape); the small model of an
 # opus-mt-shaped pair keeps the large one's shape with one decoder layer (a shrunk drafter).
+# Special tokens sit where the real checkpoints' tokenizers put them (SPECIAL_IDS), because
+# converters and position schemes depend on it: CTranslate2 drops opus-mt's last id (<pad>), and
+# M2M100 counts positions from its pad id.
 SHAPES = {
     "t5": (T5ForConditionalGeneration, T5Config, 32128, _t5(512, 6, 8), _t5(1024, 24, 16)),  # T5-small / T5-large
     "opus-mt": (MarianMTModel, MarianConfig, 58101, _bart(512, 6, 1, 8), _bart(512, 6, 6, 8)),  # Helsinki-NLP opus-mt
@@ -48,27 +51,36 @@ SHAPES = {
 }
 
 
+FAIRSEQ_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # BART, NLLB (fairseq dictionaries)
+# name -> (special tokens from id 0, whether <pad> is the last id instead)
+SPECIAL_IDS = {"t5": (SPECIAL_TOKENS, False), "opus-mt": (["</s>", "<unk>"], True),
+               "bart-opus-mt": (FAIRSEQ_SPECIALS, False), "nllb": (FAIRSEQ_SPECIALS, False)}
+
+
 def shaped_model(name: str, size: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  seed: int = 0) -> PreTrainedModel:
     """A random model of ``SHAPES[name]``'s ``size`` ("small" or "large"), built on ``device``."""
     model_class, config_class, vocabulary, small, large = SHAPES[name]
-    start = EOS if config_class is M2M100Config else PAD  # NLLB starts decoding from EOS
+    tokenizer = shaped_tokenizer(name)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    start = eos if config_class is M2M100Config else pad  # NLLB starts decoding from EOS
     shape = dict(small if size == "small" else large)
     extra = dict(dropout_rate=0.0) if config_class is T5Config else dict(
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
         scale_embedding=config_class is not BartConfig)
-    config = config_class(vocab_size=vocabulary, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=start,
+    config = config_class(vocab_size=vocabulary, pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=start,
                           **shape, **extra)
     torch.manual_seed(seed)
     with torch.device(device):
         model = model_class(config)
-    model.generation_config = GenerationConfig(eos_token_id=EOS, pad_token_id=PAD, decoder_start_token_id=start)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, decoder_start_token_id=start)
     return model.to(dtype).eval()
 
 
 def shaped_tokenizer(name: str) -> PreTrainedTokenizerFast:
     """A byte tokenizer whose vocabulary is filled up to the pair's size (the extra tokens decode as <extra_i>)."""
-    return byte_tokenizer(append_eos=True, vocab_size=SHAPES[name][2])
+    specials, pad_last = SPECIAL_IDS[name]
+    return byte_tokenizer(append_eos=True, vocab_size=SHAPES[name][2], specials=specials, pad_last=pad_last)
 
 
 def shaped_pair(name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):

@@ -40,18 +40,26 @@ FAMILIES = ("t5", "bart", "mbart", "marian", "nllb", "gpt2", "llama")
 ENCODER_DECODER = {"t5", "bart", "mbart", "marian", "nllb"}
 
 
-def byte_tokenizer(append_eos: bool, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
-    """One token per UTF-8 byte, plus <pad>=0, </s>=1, <unk>=2; with ``vocab_size``, unused tokens
-    <extra_i> fill the vocabulary up to that size (for models shaped like real ones)."""
+def byte_tokenizer(append_eos: bool, vocab_size: int | None = None, *, specials: list[str] = SPECIAL_TOKENS,
+                   pad_last: bool = False) -> PreTrainedTokenizerFast:
+    """One token per UTF-8 byte after ``specials`` (<pad>=0, </s>=1, <unk>=2 unless given); with
+    ``vocab_size``, unused tokens <extra_i> fill the vocabulary up to that size (for models shaped
+    like real ones). ``pad_last`` puts <pad> at the last id, as opus-mt's Marian vocabularies do."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(alphabet))}
-    vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(max(0, (vocab_size or 0) - len(vocab)))})
+    vocab = {token: i for i, token in enumerate(specials + sorted(alphabet))}
+    extras = max(0, (vocab_size or 0) - len(vocab) - pad_last)
+    vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(extras)})
+    if pad_last:
+        vocab["<pad>"] = len(vocab)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     if append_eos:  # encoder inputs end in EOS, as T5/BART/Marian tokenizers do
-        tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+        tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                                 special_tokens=[("</s>", vocab["</s>"])])
+    bos = dict(bos_token="<s>") if "<s>" in vocab else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   **bos)
 
 
 VOCAB_SIZE = len(SPECIAL_TOKENS) + 256

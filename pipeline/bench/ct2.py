@@ -77,13 +77,11 @@ class CT2Model:
         CTranslate2 cannot convert or load it, or if its tokenizer's ids do not round-trip
         through token strings.
         """
-        from ctranslate2.converters import TransformersConverter
-
         model_path = str(model_path)
         try:
             if not AutoConfig.from_pretrained(model_path).is_encoder_decoder:
                 raise ValueError("not an encoder-decoder model (CT2Model runs ctranslate2.Translator only)")
-            TransformersConverter(model_path).convert(str(out_dir), quantization=None, force=True)
+            _converter(model_path).convert(str(out_dir), quantization=None, force=True)
             translator = _translator(out_dir, device, compute_type, threads)
         except Exception as err:  # the converter fails in many ways (ValueError, AttributeError, ...)
             raise ValueError(f"CTranslate2 cannot convert the model at {model_path}: {err}") from err
@@ -119,6 +117,25 @@ class CT2Model:
             max_batch_size=max_batch_size,
         )
         return [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+
+
+def _converter(model_path: str):
+    """CTranslate2's TransformersConverter, reading BART checkpoints saved by current transformers too.
+
+    Its BART loader reads `config.normalize_before`, a key that only checkpoints saved by old
+    transformers versions carry (facebook/bart-*: false); BartConfig no longer defines it, so a BART
+    fine-tuned and saved today fails to convert. BART is post-norm, so a missing key means False.
+    """
+    from ctranslate2.converters import TransformersConverter
+
+    class Converter(TransformersConverter):
+        def load_model(self, model_class, model_name_or_path, **kwargs):
+            model = super().load_model(model_class, model_name_or_path, **kwargs)
+            if model.config.model_type == "bart" and not hasattr(model.config, "normalize_before"):
+                model.config.normalize_before = False
+            return model
+
+    return Converter(model_path)
 
 
 def _translator(converted_dir: str | Path, device: str, compute_type: str, threads: int):

@@ -144,3 +144,37 @@ def test_demo_model_equals_transformers_greedy(tmp_path):
     for text, ids, out in zip(texts, batch, got):
         assert out == hf_greedy(model, ids, 64), text
     assert sum(out[-1] == EOS for out in got) >= 15
+
+
+@pytest.mark.parametrize("shape", ["t5", "opus-mt", "bart-opus-mt", "nllb"])
+def test_every_random_pair_shape_converts_and_scores_as_transformers(tmp_path, monkeypatch, shape):
+    """`tiny-pair --shape` pairs convert with CTranslate2's own converter (opus-mt: <pad> at the last
+    id, as CTranslate2's Marian loader expects; BART: a config without the legacy normalize_before)
+    and give transformers' log-probabilities to random target tokens, position by position, and its
+    greedy tokens. Widths and vocabulary are shrunk; family, tokenizer and special tokens are the shape's."""
+    from pipeline import random_pairs
+
+    model_class, config_class, _, small, _ = random_pairs.SHAPES[shape]
+    narrow = dict(small, d_model=64, **({"d_kv": 16, "d_ff": 128, "num_heads": 4} if shape == "t5" else
+                                        {"encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+                                         "encoder_attention_heads": 4, "decoder_attention_heads": 4}))
+    monkeypatch.setitem(random_pairs.SHAPES, shape, (model_class, config_class, 600, narrow, narrow))
+    model = random_pairs.shaped_model(shape, "small", seed=3)
+    tokenizer = random_pairs.shaped_tokenizer(shape)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    ct2 = CT2Model.convert(tmp_path / "m", tmp_path / "ct2")
+
+    inputs = [tokenizer(text)["input_ids"] for text in TEXTS]
+    targets = torch.randint(4, 598, (len(TEXTS), 10), generator=torch.Generator().manual_seed(0)).tolist()
+    scored = ct2.translator.score_batch([tokenizer.convert_ids_to_tokens(ids) for ids in inputs],
+                                        [tokenizer.convert_ids_to_tokens(ids) for ids in targets])
+    start = model.config.decoder_start_token_id
+    for ids, target, result in zip(inputs, targets, scored):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([[start] + target])).logits[0]
+        if tokenizer.pad_token_id == 599:  # opus-mt: CTranslate2 drops <pad>, the last id, from the vocabulary
+            logits = logits[:, :599]
+        expected = logits.log_softmax(-1)[torch.arange(10), torch.tensor(target)]
+        assert torch.allclose(torch.tensor(result.log_probs[:10]), expected, atol=1e-4), shape
+    assert ct2.generate(inputs, max_new_tokens=12) == [hf_greedy(model, ids, 12) for ids in inputs]
