@@ -12,17 +12,19 @@ TORCH_CPU_ARGS ?=
 
 setup: $(VENV)/.installed
 
+# pip -qq: errors only (a first setup printed ~200 lines of notices and warnings that were not ours).
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -qq --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	    echo "GPU found: installing torch from pyproject's range"; \
 	else \
 	    echo "No GPU: installing the CPU build ($(TORCH_CPU))"; \
-	    $(PY) -m pip install -q $(TORCH_CPU_ARGS) "$(TORCH_CPU)"; \
+	    $(PY) -m pip install -qq $(TORCH_CPU_ARGS) "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $@
+	@echo "Installing bild-pipeline and its dependencies into $(VENV)"
+	@$(PY) -m pip install -qq -e ".[dev]"
+	@touch $@
 
 # The main job: German -> English with BiLD on the shipped Multi30k model pair, offline, then
 # its report (BLEU/chrF against the references, throughput, BiLD behaviour) in runs/demo/report.

@@ -40,10 +40,20 @@ COLUMNS = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu"
            "rollbacks_per_100_tokens", "measured_over_predicted"]
 
 
-def _decoder(pair: ModelPair, name: str, bild: DecodingConfig,
-             ct2: dict | None) -> Callable[[torch.Tensor], DecodeOutput]:
+def cascade_variants(bild: DecodingConfig, cascades: list[tuple[str, float]]) -> dict[str, DecodingConfig]:
+    """Rows named as sweep points name them (`cascade_chow_a0.3`): `method: cascade` with each (rule, α),
+    the window and limits of `bild`."""
+    return {f"cascade_{rule}_a{alpha:g}": dataclasses.replace(bild, method="cascade", deferral=rule,
+                                                              deferral_threshold=alpha, do_sample=False)
+            for rule, alpha in cascades}
+
+
+def _decoder(pair: ModelPair, name: str, bild: DecodingConfig, ct2: dict | None,
+             variants: dict[str, DecodingConfig]) -> Callable[[torch.Tensor], DecodeOutput]:
     """One method as input ids -> DecodeOutput (counters only for ours)."""
     limit = bild.max_new_tokens
+    if name in variants:
+        return Generator(pair, variants[name]).decode_ids
     if name in OURS:
         return Generator(pair, dataclasses.replace(bild, method=name, do_sample=False)).decode_ids
     if name in CT2:
@@ -56,11 +66,14 @@ def _decoder(pair: ModelPair, name: str, bild: DecodingConfig,
 
 def run_methods(pair: ModelPair, encoded: list[torch.Tensor], bild: DecodingConfig, repeats: int,
                 methods: tuple[str, ...] = OURS + HF,
-                between_records: Callable[[], None] | None = None, ct2: dict | None = None) -> dict[str, Measured]:
+                between_records: Callable[[], None] | None = None, ct2: dict | None = None,
+                variants: dict[str, DecodingConfig] | None = None) -> dict[str, Measured]:
     """Every method on every input (``encoded``: [1, S] ids on the pair's device), interleaved;
     ``between_records`` runs after each input's turn. ``ct2`` holds the CTranslate2 models
-    ({"small": CT2Model, "large": ...}) the ct2_* methods run."""
-    decoders = {name: _decoder(pair, name, bild, ct2) for name in methods}
+    ({"small": CT2Model, "large": ...}) the ct2_* methods run; ``variants`` more of our methods
+    under their own names (cascade_variants)."""
+    variants = variants or {}
+    decoders = {name: _decoder(pair, name, bild, ct2, variants) for name in (*methods, *variants)}
     by_index = {name: (lambda index, decode=decode: decode(encoded[index])) for name, decode in decoders.items()}
     return interleave(by_index, len(encoded), repeats, pair.device, between_inputs=between_records)
 
@@ -91,7 +104,7 @@ def summarize_methods(pair: ModelPair, runs: dict[str, Measured], references: li
         if ct2_int8 is not None:
             row["speed_vs_ct2_large_int8"] = ct2_int8.total_seconds / run.total_seconds
         stats = DecodeStats.total(output.stats for output in run.last)
-        if name in OURS and stats.output_tokens:
+        if stats.output_tokens and (stats.small_calls or stats.large_calls):  # ours: counted calls
             row.update(small_token_share=stats.small_token_share,
                        fallbacks_per_100_tokens=stats.fallbacks_per_100_tokens,
                        rollbacks_per_100_tokens=stats.rollbacks_per_100_tokens,
@@ -102,24 +115,28 @@ def summarize_methods(pair: ModelPair, runs: dict[str, Measured], references: li
 
 def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, bild: DecodingConfig,
               repeats: int = 3, with_projection: bool = True, ct2: dict | None = None,
-              with_engines: bool = False) -> dict:
+              with_engines: bool = False, variants: dict[str, DecodingConfig] | None = None) -> dict:
     """The whole benchmark; ``ct2`` ({"small": CT2Model, "large": ...}) adds the CTranslate2 rows,
-    ``with_engines`` our native engine against Hugging Face's on the same pair (engines.py)."""
+    ``with_engines`` our native engine against Hugging Face's on the same pair (engines.py),
+    ``variants`` rows of our methods at other settings (cascade_variants)."""
+    variants = variants or {}
     sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
     sampler.warm_up()
     methods = OURS + HF + (CT2 if ct2 else ())
     encoder = Generator(pair, bild)
     encoded = [encoder.encode(text)[0].to(pair.device) for text in texts]  # [1, S] each
-    runs = run_methods(pair, encoded, bild, repeats, methods, between_records=sampler.sample, ct2=ct2)
+    runs = run_methods(pair, encoded, bild, repeats, methods, between_records=sampler.sample, ct2=ct2,
+                       variants=variants)
     rows = summarize_methods(pair, runs, references)
     cost = sampler.result()
-    stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in OURS}
+    ours = (*OURS, *variants)
+    stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in ours}
     encoders = {name: sum(admission_seconds(pair, ids[0], roles) for ids in encoded)
                 for name, roles in (("large", ("large",)), ("small", ("small",)), ("both", ("large", "small")))}
     for row in rows:
         name = row["method"]
-        if name in OURS:
-            encoder = encoders["both" if name in ("bild", "speculative") else name]
+        if name in ours:
+            encoder = encoders[name if name in ("large", "small") else "both"]
             row["predicted_s"] = encoder + predict_seconds(stats[name], cost)
             row["measured_over_predicted"] = runs[name].total_seconds / repeats / row["predicted_s"]
     report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), **environment(pair),

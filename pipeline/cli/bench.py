@@ -9,7 +9,7 @@ import json
 import click
 
 from pipeline.cli.models import load_pair
-from pipeline.cli.options import engine_option, options, quantize_option
+from pipeline.cli.options import cascade_grid, engine_option, options, quantize_option
 from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 
 
@@ -79,22 +79,30 @@ _bench_decoding_options = options(
               help="Also project the speedup at T5-small/T5-large shapes (random weights, timed here).")
 @click.option("--compare-engines", is_flag=True, default=False,
               help="Also decode with `large` on our native engine and Hugging Face's in turn: speed per step, same tokens.")
+@click.option("--cascade", "cascades", multiple=True, metavar="RULE=ALPHAS",
+              help="Also speculative-cascade rows (method cascade), e.g. chow=0.3 or diff=0,0.1 (repeatable; rows "
+                   "cascade_<rule>_a<alpha>, named as sweep points are), with --max-draft-tokens' window.")
 @click.option("--out", "out_dir", default=None, help="Write bench.md and bench.json here.")
 def bench(small, large, source, reference, prompt, limit, repeats, max_new_tokens, fallback_threshold,
           rollback_threshold, max_draft_tokens, device, dtype, threads, engine, quantize, with_ct2, projection,
-          compare_engines, out_dir):
-    """BiLD vs large, small, speculative, HF generate, HF assisted generation and CTranslate2, side by
-    side (batch 1)."""
+          compare_engines, cascades, out_dir):
+    """BiLD vs large, small, speculative (and speculative cascades), HF generate, HF assisted generation
+    and CTranslate2, side by side (batch 1)."""
 
-    from pipeline.bench.methods import render_markdown, run_bench
+    from pipeline.bench.methods import cascade_variants, render_markdown, run_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt, quantize)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
+    try:
+        variants = cascade_variants(config, [(rule, alpha) for rule, alphas in cascade_grid(cascades).items()
+                                             for alpha in alphas])
+    except ValueError as exc:  # an alpha outside its rule's range
+        raise click.BadParameter(str(exc), param_hint="--cascade") from exc
     with _ct2_models(pair, with_ct2) as ct2:
         report = run_bench(pair, texts, references, config, repeats=repeats, with_projection=projection, ct2=ct2,
-                           with_engines=compare_engines)
+                           with_engines=compare_engines, variants=variants)
     _show_report(render_markdown(report), report, out_dir, "bench")
 
 

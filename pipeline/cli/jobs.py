@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pipeline.cli.options import override_option
+from pipeline.cli.options import cascade_grid, floats, override_option
 
 verbose_option = click.option("--verbose", is_flag=True, help="Show Ray's own output.")
 
@@ -86,15 +86,17 @@ def run(job_file, overrides, address, as_json, verbose):
               help="Metric family (default: the run's job task).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for reading the runs (credentials may also come from the environment).")
-@click.option("--address", default=None, help="Ray cluster to compute on (default: RAY_ADDRESS or a local Ray).")
+@click.option("--address", default=None, help="Unused: the report reads the run with pyarrow and starts no Ray "
+              "(kept so that commands written for earlier versions still run).")
 @verbose_option
 def report(run_path, baseline, out_dir, task, storage_options, address, verbose):
-    """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors."""
+    """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors.
+
+    Reads the run's Parquet files directly (local or any fsspec URL); no cluster is needed."""
     from pathlib import Path
 
     from pipeline.jobs.load import parse_override
     from pipeline.jobs.report import build_report, result_line, write_report
-    from pipeline.jobs.run import connect_ray
 
     options = {}
     for item in storage_options:
@@ -102,7 +104,6 @@ def report(run_path, baseline, out_dir, task, storage_options, address, verbose)
         options[".".join(path)] = value
     if out_dir is None:
         out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"
-    connect_ray(address, verbose=verbose)
     try:
         summary, numeric = build_report(run_path, baseline=baseline, task=task, storage_options=options)
     except FileNotFoundError as exc:
@@ -110,27 +111,6 @@ def report(run_path, baseline, out_dir, task, storage_options, address, verbose)
     for path in write_report(summary, numeric, out_dir):
         click.echo(f"wrote {path}")
     click.echo(result_line(summary))
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
-
-
-def _cascade_grid(values: tuple[str, ...]) -> dict[str, list[float]]:
-    """--cascade RULE=ALPHAS options -> {rule: [alpha, ...]}."""
-    from pipeline.decoding.config import DEFERRALS
-
-    grid: dict[str, list[float]] = {}
-    for value in values:
-        rule, _, alphas = value.partition("=")
-        if rule not in DEFERRALS or not alphas:
-            raise click.BadParameter(f"expected RULE=ALPHAS with RULE one of {', '.join(DEFERRALS)}, got {value!r}",
-                                     param_hint="--cascade")
-        grid.setdefault(rule, []).extend(_floats(alphas))
-    return grid
 
 
 def _positive_ints(text: str, option: str) -> list[int]:
@@ -168,12 +148,12 @@ def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, 
     from pipeline.jobs.sweep import run_sweep, write_sweep
 
     windows = _positive_ints(window, "--window") if window is not None else None
-    cascade_grid = _cascade_grid(cascades)
-    lenience_grid = _floats(leniences) if leniences is not None else None
+    cascades_by_rule = cascade_grid(cascades)
+    lenience_grid = floats(leniences) if leniences is not None else None
     job = _load_job_or_exit(job_file, overrides)
-    summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, _floats(fallback), _floats(rollback),
+    summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, floats(fallback), floats(rollback),
                                           address=address, windows=windows, verbose=verbose, progress=True,
-                                          cascades=cascade_grid, leniences=lenience_grid)
+                                          cascades=cascades_by_rule, leniences=lenience_grid)
     if out_dir is None:
         out_dir = str(Path(job.output.path) / "sweep") if "://" not in job.output.path else "sweep"
     for path in write_sweep(table, job.task, out_dir, job.name):

@@ -16,6 +16,25 @@ def options(*specs):
     return apply
 
 
+def floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}") from exc
+
+
+def cascade_grid(values: tuple[str, ...]) -> dict[str, list[float]]:
+    """--cascade RULE=ALPHAS options -> {rule: [alpha, ...]}."""
+    grid: dict[str, list[float]] = {}
+    for value in values:
+        rule, _, alphas = value.partition("=")
+        if rule not in DEFERRALS or not alphas:
+            raise click.BadParameter(f"expected RULE=ALPHAS with RULE one of {', '.join(DEFERRALS)}, got {value!r}",
+                                     param_hint="--cascade")
+        grid.setdefault(rule, []).extend(floats(alphas))
+    return grid
+
+
 override_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
                                help="Override a job key.")
 

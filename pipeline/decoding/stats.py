@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 
+import numpy as np
+
 
 @dataclass
 class DecodeStats:
@@ -38,8 +40,19 @@ class DecodeStats:
         """Counters from summed output columns; a column not given counts 0."""
         return cls(**{f.name: int(sums.get(f.name, 0)) for f in fields(cls)})
 
-    # Rates per output token; 0 when nothing was generated.
-    def _per_token(self, count: int) -> float:
+    @classmethod
+    def per_record(cls, columns) -> DecodeStats:
+        """Every record's counters at once, as arrays (``columns``: name -> column of a table, e.g. a
+        pyarrow Table); the rates below then read per record too. A column not given counts 0."""
+        present = {f.name: np.asarray(columns[f.name], float) for f in fields(cls) if f.name in columns}
+        rows = len(next(iter(present.values()))) if present else 0
+        return cls(**{f.name: present.get(f.name, np.zeros(rows)) for f in fields(cls)})
+
+    # Rates per output token; 0 when nothing was generated (record by record for per_record's arrays).
+    def _per_token(self, count):
+        if np.ndim(self.output_tokens):
+            tokens = np.asarray(self.output_tokens, float)
+            return np.divide(count, tokens, out=np.zeros_like(tokens), where=tokens > 0)
         return count / self.output_tokens if self.output_tokens else 0.0
 
     @property

@@ -1,35 +1,29 @@
 """`bild-pipeline report`: throughput, latency, quality and BiLD behaviour of a finished run.
 
-Texts never travel to the driver: per-row quality statistics are computed in Ray Data tasks and
-summed there; the driver receives sums and the numeric columns (latency, token counts).
+No cluster: the run's Parquet files are read with pyarrow (run_rows.py), the numeric columns
+(latency, token counts) at once and the texts in batches whose quality statistics are summed as
+they are read, so memory stays bounded however many rows the run has.
 """
 
 from __future__ import annotations
 
 import json
-from functools import partial
+import multiprocessing
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
-from pipeline.io.storage import arrow_filesystem, data_path, output_filesystem, output_files, read_manifest
+from pipeline.jobs.run_rows import BATCH_ROWS, RunRows, read_run
 from pipeline.metrics import quality as q
 from pipeline.metrics.summary import run_summary
-
-
-def read_run(run_path: str, storage_options: dict | None = None):
-    """(Ray dataset of the run's rows, its run.json manifest or None)."""
-    import ray.data
-
-    fs, path = output_filesystem(run_path, storage_options)
-    if not output_files(fs, path):
-        raise FileNotFoundError(f"{run_path}: no output rows (expected Parquet files under {data_path(run_path)})")
-    dataset = ray.data.read_parquet(data_path(path), filesystem=arrow_filesystem(fs))
-    return dataset, read_manifest(fs, path)
 
 
 def _scorable(batch: pa.Table, prediction: str, reference: str) -> pa.Table:
@@ -52,29 +46,63 @@ def _row_stats(batch: pa.Table, task: str) -> pa.Table:
     return pa.table(columns)
 
 
-def summed_quality(dataset, task: str, prediction: str = "prediction", reference: str = "reference"):
-    """(scores, rows scored) for a dataset with prediction/reference/error columns."""
-    stats = dataset.map_batches(
-        partial(_scorable, prediction=prediction, reference=reference), batch_format="pyarrow"
-    ).map_batches(partial(_row_stats, task=task), batch_format="pyarrow")
-    sums = _column_sums(stats, _stat_names(task) + ["rows"])
-    rows = int(sums.get("rows", 0) or 0)
-    grouped = {name: np.asarray([sums.get(f"{name}_{i}", 0.0) or 0.0 for i in range(width)])
-               for name, width in q.stat_columns(task).items()}
-    return q.corpus_scores(task, grouped, rows), rows
+STATS_ROWS = 2048  # rows per call to the metric: sacrebleu holds every row's n-gram counters until it returns
 
 
-def _column_sums(dataset, columns: list[str]) -> dict[str, float]:
-    """Sums of numeric columns computed on the cluster; an empty dataset sums to zeros."""
-    found = dataset.sum(columns) or {}
-    return {column: float(found.get(f"sum({column})") or 0.0) for column in columns}
+def _summed_stats(task: str, predictions: list[str], references: list[str]) -> dict[str, np.ndarray]:
+    """One batch's quality statistics, summed over its rows (in a worker process for large runs)."""
+    sums = {name: np.zeros(width) for name, width in q.stat_columns(task).items()}
+    for first in range(0, len(predictions), STATS_ROWS):
+        chunk = slice(first, first + STATS_ROWS)
+        for name, values in q.row_statistics(task, predictions[chunk], references[chunk]).items():
+            sums[name] += values.sum(0)
+    return sums
 
 
-def _numeric_table(dataset, extra: tuple[str, ...] = ()) -> pa.Table:
-    """The run's numeric columns (no texts) on the driver, plus any `extra` ones."""
-    present = [c for c in (*NUMERIC_COLUMNS, *extra) if c in dataset.schema().names]
-    batches = list(dataset.select_columns(present).iter_batches(batch_format="pyarrow"))
-    return pa.concat_tables(batches) if batches else pa.table({c: [] for c in present})
+def summed_quality(batches: Iterable[pa.Table], task: str, prediction: str = "prediction",
+                   reference: str = "reference", workers: int = 1) -> tuple[dict, int]:
+    """(scores, rows scored) over tables with prediction/reference/error columns: statistics summed
+    batch by batch, the score computed once. With workers > 1 the batches' statistics (sacrebleu's
+    per-sentence n-gram counts, about 0.3 ms a row) are counted in that many processes."""
+    sums = {name: np.zeros(width) for name, width in q.stat_columns(task).items()}
+    rows = 0
+
+    def add(found: dict[str, np.ndarray]) -> None:
+        for name, values in found.items():
+            sums[name] += values
+
+    scorable = (_scorable(batch, prediction, reference) for batch in batches)
+    texts = ((b["prediction"].to_pylist(), b["reference"].to_pylist()) for b in scorable if b.num_rows)
+    if workers <= 1:
+        for predictions, references in texts:
+            rows += len(predictions)
+            add(_summed_stats(task, predictions, references))
+    else:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pending = []
+            for predictions, references in texts:
+                rows += len(predictions)
+                pending.append(pool.submit(_summed_stats, task, predictions, references))
+                if len(pending) >= 2 * workers:  # a bounded window: texts are read as they are counted
+                    add(pending.pop(0).result())
+            for future in pending:
+                add(future.result())
+    return q.corpus_scores(task, sums, rows), rows
+
+
+def _quality_workers(rows: RunRows) -> int:
+    """Processes for a run's quality statistics: one per core once the run spans several batches."""
+    return len(os.sched_getaffinity(0)) if rows.dataset.count_rows() > 2 * BATCH_ROWS else 1
+
+
+def run_quality(rows: RunRows, task: str) -> tuple[dict, int]:
+    """(scores, rows scored) of a run's predictions against its references."""
+    return summed_quality(rows.batches(["prediction", "reference", "error"]), task, workers=_quality_workers(rows))
+
+
+def _numeric_table(rows: RunRows, extra: tuple[str, ...] = ()) -> pa.Table:
+    """The run's numeric columns (no texts), plus any `extra` ones."""
+    return rows.table(rows.present((*NUMERIC_COLUMNS, *extra)))
 
 
 def _paired_rows(batch: pa.Table, task: str) -> pa.Table:
@@ -99,16 +127,18 @@ def _paired_rows(batch: pa.Table, task: str) -> pa.Table:
     return pa.table(columns)
 
 
-def paired_baseline(dataset, task: str) -> dict | None:
+PAIRED_COLUMNS = ("prediction", "reference", "error", "latency_ms", "output_tokens", "baseline_method",
+                  "baseline_prediction", "baseline_error", "baseline_output_tokens", "baseline_latency_ms")
+
+
+def paired_baseline(rows: RunRows, task: str) -> dict | None:
     """The job's method against report.baseline on the records decoded by both (side by side on
     the same actors): speedup, both qualities and the quality difference with a 95% paired
     bootstrap interval. None when the run has no paired records."""
-    if "baseline_prediction" not in dataset.schema().names:
+    if "baseline_prediction" not in rows.columns:
         return None
-    batches = list(dataset.map_batches(partial(_paired_rows, task=task), batch_format="pyarrow")
-                   .iter_batches(batch_format="pyarrow"))
-    table = pa.concat_tables(batches) if batches else None
-    if table is None or table.num_rows == 0:
+    table = _paired_rows(rows.table(PAIRED_COLUMNS, where=pads.field("baseline_method").is_valid()), task)
+    if table.num_rows == 0:
         return None
     latency, baseline_latency = (np.asarray(table[c].to_pylist(), float) for c in ("latency_ms", "baseline_latency_ms"))
     found = {"method": table["baseline_method"][0].as_py(), "records": table.num_rows,
@@ -137,49 +167,36 @@ def _wall_seconds(manifest: dict | None) -> float | None:
     return float(sum(walls)) if walls else None
 
 
-def _agreement(run, baseline) -> dict:
+def _agreement(run: RunRows, baseline: RunRows) -> dict:
     """Per-id comparison with a baseline run: exact matches, BLEU of run vs baseline, latencies."""
-    left = run.select_columns(["id", "prediction", "error", "latency_ms"])
-    right = baseline.select_columns(["id", "prediction", "error", "latency_ms"]).rename_columns(
-        {"prediction": "baseline_prediction", "error": "baseline_error", "latency_ms": "baseline_latency_ms"}
-    )
-    joined = left.join(right, join_type="inner", num_partitions=4, on=("id",))
-
-    def compare(batch: pa.Table) -> pa.Table:
-        both = pc.and_(pc.is_null(batch["error"]), pc.is_null(batch["baseline_error"]))
-        batch = batch.filter(both)
-        return pa.table({
-            "same": pc.cast(pc.equal(batch["prediction"], batch["baseline_prediction"]), pa.int64()),
-            "latency_ms": batch["latency_ms"],
-            "baseline_latency_ms": batch["baseline_latency_ms"],
-            "prediction": batch["prediction"],
-            "baseline_prediction": batch["baseline_prediction"],
-            "error": pa.nulls(batch.num_rows, pa.string()),
-        })
-
-    compared = joined.map_batches(compare, batch_format="pyarrow").materialize()
-    rows = compared.count()
+    columns = ["id", "prediction", "error", "latency_ms"]
+    right = baseline.table(columns).rename_columns(["id", "baseline_prediction", "baseline_error", "baseline_latency_ms"])
+    joined = run.table(columns).join(right, keys="id", join_type="inner")
+    compared = joined.filter(pc.and_(pc.is_null(joined["error"]), pc.is_null(joined["baseline_error"])))
+    rows = compared.num_rows
     if not rows:
         return {"rows_compared": 0}
-    sums = _column_sums(compared, ["same", "latency_ms", "baseline_latency_ms"])
-    agreement_bleu, _ = summed_quality(compared, "translation", "prediction", "baseline_prediction")
+    same = pc.sum(pc.cast(pc.equal(compared["prediction"], compared["baseline_prediction"]), pa.int64())).as_py()
+    latency, baseline_latency = (pc.sum(compared[c]).as_py() for c in ("latency_ms", "baseline_latency_ms"))
+    agreement_bleu, _ = summed_quality([compared], "translation", "prediction", "baseline_prediction")
     return {
         "rows_compared": rows,
-        "exact_match_rate": sums["same"] / rows,
+        "exact_match_rate": same / rows,
         "bleu_vs_baseline": agreement_bleu.get("bleu"),
-        "mean_latency_ms": sums["latency_ms"] / rows,
-        "baseline_mean_latency_ms": sums["baseline_latency_ms"] / rows,
-        "latency_speedup": sums["baseline_latency_ms"] / sums["latency_ms"] if sums["latency_ms"] else None,
+        "mean_latency_ms": latency / rows,
+        "baseline_mean_latency_ms": baseline_latency / rows,
+        "latency_speedup": baseline_latency / latency if latency else None,
     }
 
 
 def build_report(run_path: str, *, baseline: str | None = None, task: str | None = None,
                  storage_options: dict | None = None) -> tuple[dict, pa.Table]:
     """(summary dict, numeric table of the run) for a run, optionally against a baseline run."""
-    dataset, manifest = read_run(run_path, storage_options)
+    rows = read_run(run_path, storage_options)
+    manifest = rows.manifest
     job = (manifest or {}).get("job", {})
     task = task or job.get("task") or "translation"
-    numeric = _numeric_table(dataset)
+    numeric = _numeric_table(rows)
     summary = {
         "run": run_path,
         "job_name": job.get("name"),
@@ -189,19 +206,18 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         "config_hash": (manifest or {}).get("config_hash"),
         **run_summary(numeric, _wall_seconds(manifest)),
     }
-    scores, scored = summed_quality(dataset, task)
+    scores, scored = run_quality(rows, task)
     summary["quality"] = {"rows_scored": scored, "rows_without_reference": summary["records"]["total"]
                           - summary["records"]["with_reference"], **scores}
     summary["signatures"] = q.signatures(task)
-    paired = paired_baseline(dataset, task)
+    paired = paired_baseline(rows, task)
     if paired:
         summary["paired_baseline"] = paired
     if baseline:
-        base_dataset, base_manifest = read_run(baseline, storage_options)
-        base_numeric = _numeric_table(base_dataset)
-        base_scores, _ = summed_quality(base_dataset, task)
-        base_summary = run_summary(base_numeric, _wall_seconds(base_manifest))
-        comparison = {"run": baseline, **_agreement(dataset, base_dataset)}
+        base_rows = read_run(baseline, storage_options)
+        base_scores, _ = run_quality(base_rows, task)
+        base_summary = run_summary(_numeric_table(base_rows), _wall_seconds(base_rows.manifest))
+        comparison = {"run": baseline, **_agreement(rows, base_rows)}
         comparison["quality_delta"] = {k: scores[k] - base_scores[k] for k in scores if k in base_scores}
         mine, theirs = summary["throughput"].get("records_per_s"), base_summary["throughput"].get("records_per_s")
         comparison["throughput_speedup"] = mine / theirs if mine and theirs else None
@@ -317,11 +333,11 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     ok = ok.filter(pc.greater(ok["output_tokens"], 0))
     lengths = ok["output_tokens"].to_numpy().astype(float)
     if summary.get("method") in ("bild", "speculative") and len(lengths):
-        records = [DecodeStats.from_sums(row) for row in
-                   ok.select(["output_tokens", "small_tokens", "fallbacks", "rollbacks"]).to_pylist()]
-        made.append(plots.small_share_histogram([r.small_token_share for r in records], out / "small_share.png"))
-        made.append(plots.rates_vs_length(lengths, [r.fallbacks_per_100_tokens for r in records],
-                                          [r.rollbacks_per_100_tokens for r in records], out / "rates_vs_length.png"))
+        records = DecodeStats.per_record({name: ok[name].to_numpy()
+                                          for name in ("output_tokens", "small_tokens", "fallbacks", "rollbacks")})
+        made.append(plots.small_share_histogram(records.small_token_share, out / "small_share.png"))
+        made.append(plots.rates_vs_length(lengths, records.fallbacks_per_100_tokens, records.rollbacks_per_100_tokens,
+                                          out / "rates_vs_length.png"))
     series = {summary.get("method") or "run": (lengths, ok["latency_ms"].to_numpy())}
     paired = summary.get("paired_baseline")
     if paired and "baseline_latency_ms" in ok.column_names:

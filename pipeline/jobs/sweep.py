@@ -71,25 +71,24 @@ def pareto_flags(points: list[dict], metric: str) -> list[bool]:
 
 def score_points(run_path: str, task: str, storage_options: dict | None = None) -> list[dict]:
     """One row per sweep point: quality, mean latency, speedup over `large`, BiLD rates."""
-    dataset, manifest = read_run(run_path, storage_options)
+    rows = read_run(run_path, storage_options)
+    manifest = rows.manifest
     names = _stat_names(task)
-
-    def stats_with_point(batch: pa.Table) -> pa.Table:
+    per_batch = []
+    for batch in rows.batches(["prediction", "reference", "error", "point"]):
         kept = batch.filter(pc.and_(pc.is_null(batch["error"]),
                                     pc.and_(pc.is_valid(batch["prediction"]), pc.is_valid(batch["reference"]))))
-        stats = _row_stats(_scorable(kept, "prediction", "reference"), task)
-        return stats.append_column("point", kept["point"])
-
-    grouped = (dataset.map_batches(stats_with_point, batch_format="pyarrow")
-               .groupby("point").sum(names + ["rows"]).take_all())
+        stats = _row_stats(_scorable(kept, "prediction", "reference"), task).append_column("point", kept["point"])
+        per_batch.append(stats.group_by("point").aggregate([(name, "sum") for name in names + ["rows"]]))
+    grouped = pa.concat_tables(per_batch).group_by("point").aggregate(
+        [(f"{name}_sum", "sum") for name in names + ["rows"]]).to_pylist() if per_batch else []
     quality_by_point = {}
     for row in grouped:
-        sums = {name: [row.get(f"sum({name}_{i})") or 0.0 for i in range(width)]
-                for name, width in q.stat_columns(task).items()}
+        sums = {name: [row[f"{name}_{i}_sum_sum"] for i in range(width)] for name, width in q.stat_columns(task).items()}
         quality_by_point[row["point"]] = q.corpus_scores(task, {k: np.asarray(v) for k, v in sums.items()},
-                                                         int(row.get("sum(rows)") or 0))
+                                                         int(row["rows_sum_sum"]))
 
-    numeric = _numeric_table(dataset, extra=("point",))
+    numeric = _numeric_table(rows, extra=("point",))
     ok = numeric.filter(pc.is_null(numeric["error"]))
     table = []
     for name in (manifest or {}).get("sweep_points", {}) or sorted(set(ok["point"].to_pylist())):

@@ -5,9 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+
+SCATTER_POINTS = 20_000  # a scatter of more records shows no more, and draws for seconds
+
+
+def _scattered(*columns, limit: int = SCATTER_POINTS) -> tuple[list, str]:
+    """(columns, note): at most `limit` records of equally long columns, a fixed random sample when
+    there are more (the note then says how many of how many)."""
+    rows = len(columns[0])
+    if rows <= limit:
+        return list(columns), ""
+    keep = np.sort(np.random.default_rng(0).choice(rows, limit, replace=False))
+    return [np.asarray(column)[keep] for column in columns], f" ({limit:,} of {rows:,} records, sampled)"
 
 
 def _saved(fig, path: Path) -> Path:
@@ -89,12 +103,13 @@ def small_share_histogram(shares, path: Path) -> Path:
 def rates_vs_length(lengths, fallbacks_per_100, rollbacks_per_100, path: Path) -> Path:
     """Fallbacks and rollbacks per 100 output tokens of each record, against its output length."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
+    (lengths, fallbacks_per_100, rollbacks_per_100), note = _scattered(lengths, fallbacks_per_100, rollbacks_per_100)
     ax.scatter(lengths, fallbacks_per_100, s=8, alpha=0.5, color="#4C72B0", label="fallbacks / 100 tokens")
     ax.scatter(lengths, rollbacks_per_100, s=8, alpha=0.5, color="#C44E52", label="rollbacks / 100 tokens")
     ax.set_xlabel("output tokens of the record")
     ax.set_ylabel("per 100 output tokens")
-    ax.set_title("where fallbacks and rollbacks happen")
-    ax.legend(fontsize=8)
+    ax.set_title("where fallbacks and rollbacks happen" + note, fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
     return _saved(fig, path)
 
 
@@ -102,11 +117,12 @@ def latency_vs_length(series: dict[str, tuple], path: Path) -> Path:
     """Latency of each record against its output length, one colour per method: name -> (lengths, latencies_ms)."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for (name, (lengths, latencies)), colour in zip(series.items(), ("#4C72B0", "#DD8452", "#55A868")):
-        ax.scatter(lengths, latencies, s=8, alpha=0.5, color=colour, label=name)
+        (lengths, latencies), note = _scattered(lengths, latencies)
+        ax.scatter(lengths, latencies, s=8, alpha=0.5, color=colour, label=name + note)
     ax.set_xlabel("output tokens of the record")
     ax.set_ylabel("latency (ms)")
     ax.set_title("latency against output length")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     return _saved(fig, path)
 
 

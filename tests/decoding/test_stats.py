@@ -45,3 +45,15 @@ def test_a_run_table_reads_the_same_rates_as_its_records():
     # A table with only some counters (a run's summary columns): the others count 0.
     partial = decode_totals(table.select(["output_tokens", "small_tokens", "rollbacks"]))
     assert partial == DecodeStats(output_tokens=40, small_tokens=32, rollbacks=1)
+
+
+def test_per_record_rates_are_each_records_own():
+    """A table's counters read at once (arrays) give every record the rates its own DecodeStats gives,
+    0 where it generated nothing."""
+    rows = [DecodeStats(output_tokens=10, small_tokens=7, fallbacks=2, rollbacks=1),
+            DecodeStats(output_tokens=0), DecodeStats(output_tokens=4, small_tokens=1, fallbacks=3)]
+    columns = {name: [getattr(row, name) for row in rows] for name in ("output_tokens", "small_tokens", "fallbacks",
+                                                                       "rollbacks")}
+    together = DecodeStats.per_record(columns)
+    for rate in ("small_token_share", "fallbacks_per_100_tokens", "rollbacks_per_100_tokens"):
+        assert list(getattr(together, rate)) == [getattr(row, rate) for row in rows], rate

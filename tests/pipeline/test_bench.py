@@ -58,6 +58,29 @@ def test_bench_runs_every_method_side_by_side():
     assert "each step timed 2 times between the runs' records" in render_markdown(report)
 
 
+def test_bench_adds_cascade_rows_that_decode_by_their_rule():
+    """`bench --cascade`: each (rule, alpha) is a row of ours, named as the sweep names the point; chow at
+    alpha 0 always defers (large's tokens), at alpha 1 never (no rollback: every draft kept)."""
+    from pipeline.bench.methods import cascade_variants
+
+    pair = tiny_pair("t5", "noisy")
+    config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
+    variants = cascade_variants(config, [("chow", 0.0), ("chow", 1.0), ("diff", 0.1)])
+    assert set(variants) == {"cascade_chow_a0", "cascade_chow_a1", "cascade_diff_a0.1"}
+    report = run_bench(pair, TEXTS[:2], TEXTS[:2], config, repeats=1, with_projection=False, variants=variants)
+    rows = {row["method"]: row for row in report["methods"]}
+    assert set(rows) == set(OURS + HF) | set(variants)
+    assert rows["cascade_chow_a0"]["exact_match_with_large"] == 1.0
+    assert rows["cascade_chow_a1"]["rollbacks_per_100_tokens"] == 0 and rows["cascade_chow_a1"]["small_token_share"] > 0.5
+    assert all(rows[name]["predicted_s"] > 0 for name in variants)
+
+
+def test_bench_command_refuses_a_cascade_alpha_outside_its_rule():
+    result = CliRunner().invoke(main, ["bench", "--limit", "1", "--repeats", "1", "--no-ct2", "--no-projection",
+                                       "--cascade", "chow=1.5"])
+    assert result.exit_code == 2 and "--cascade" in result.output and "1.5" in result.output
+
+
 def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1():
     from pipeline.bench.batch import render_markdown as render_batch
     from pipeline.bench.batch import run_batch_bench

@@ -45,7 +45,7 @@ def ok_row(i, prediction, reference, latency=10.0, tokens=10, small=8):
             "rollbacks": 1, "small_calls": 10, "large_calls": 2, "draft_tokens": small + 1}
 
 
-def test_translation_scores_equal_sacrebleu_with_missing_references_and_errors(ray_local, tmp_path):
+def test_translation_scores_equal_sacrebleu_with_missing_references_and_errors(tmp_path):
     rows = [ok_row(i, p, r) for i, (p, r) in enumerate(zip(PREDICTIONS, REFERENCES))]
     rows.append(ok_row(6, "No reference here.", None))
     rows.append({"id": "7", "error": "input text is empty", "reference": "Something."})
@@ -66,7 +66,7 @@ def test_translation_scores_equal_sacrebleu_with_missing_references_and_errors(r
     assert "bleu" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_summarization_scores_equal_rouge_score(ray_local, tmp_path):
+def test_summarization_scores_equal_rouge_score(tmp_path):
     rows = [ok_row(i, p + " It was sunny.", r + " The sun shone.") for i, (p, r) in
             enumerate(zip(PREDICTIONS, REFERENCES))]
     write_run(tmp_path / "run", rows, task="summarization")
@@ -80,7 +80,7 @@ def test_summarization_scores_equal_rouge_score(ray_local, tmp_path):
     assert summary["quality"]["rougeLsum"] == pytest.approx(lsum)
 
 
-def test_report_of_a_run_in_s3_against_a_baseline(ray_local, s3_server, tmp_path):
+def test_report_of_a_run_in_s3_against_a_baseline(s3_server, tmp_path):
     import s3fs
 
     s3fs.S3FileSystem(**s3_server).mkdir("reports")
@@ -99,3 +99,51 @@ def test_report_of_a_run_in_s3_against_a_baseline(ray_local, s3_server, tmp_path
     assert comparison["bleu_vs_baseline"] == pytest.approx(sacrebleu.corpus_bleu(run_predictions, [REFERENCES]).score)
     assert comparison["quality_delta"]["bleu"] == pytest.approx(
         sacrebleu.corpus_bleu(run_predictions, [REFERENCES]).score - 100.0)
+
+
+def test_quality_summed_over_batches_and_processes_equals_sacrebleu(tmp_path, monkeypatch):
+    """Large runs stream their texts in batches and count statistics in several processes: the
+    corpus scores are still sacrebleu's on all rows at once."""
+    from pipeline.jobs import run_rows
+    from pipeline.jobs.report import run_quality, summed_quality
+
+    predictions, references = PREDICTIONS * 5, REFERENCES[1:] * 5 + REFERENCES[:1] * 5
+    rows = [ok_row(i, p, r) for i, (p, r) in enumerate(zip(predictions, references))]
+    write_run(tmp_path / "run", rows)
+    monkeypatch.setattr(run_rows, "BATCH_ROWS", 4)
+    run = run_rows.read_run(str(tmp_path / "run"))
+    assert len(list(run.batches(["prediction"]))) == 8
+    expected = {"bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
+                "chrf": sacrebleu.corpus_chrf(predictions, [references]).score}
+    for workers in (1, 2):
+        scores, scored = summed_quality(run.batches(["prediction", "reference", "error"]), "translation", workers=workers)
+        assert scored == 30 and scores == pytest.approx(expected)
+    assert run_quality(run, "translation")[0] == pytest.approx(expected)
+
+
+def test_a_run_whose_files_differ_in_columns_is_read_whole(tmp_path):
+    """A resumed run's older files may lack columns a newer version writes (here `quantize` and the
+    paired-baseline columns): every file's rows count, the missing values read as nulls."""
+    write_run(tmp_path / "run", [{**ok_row(i, PREDICTIONS[i], REFERENCES[i]), "quantize": "int8"} for i in range(3)])
+    old_schema = pa.schema([f for f in OUTPUT_SCHEMA if f.name != "quantize" and not f.name.startswith("baseline_")])
+    old = [{**{name: None for name in old_schema.names}, "method": "bild", "worker": "host:2", "input_tokens": 5,
+            **ok_row(i, PREDICTIONS[i], REFERENCES[i])} for i in range(3, 6)]
+    pq.write_table(pa.Table.from_pylist(old, schema=old_schema), tmp_path / "run" / "data" / "a-old.parquet")
+    summary, numeric = build_report(str(tmp_path / "run"))
+    assert summary["records"]["total"] == 6 and numeric.num_rows == 6
+    assert numeric["quantize"].to_pylist().count("int8") == 3  # the newer file's column, though listed second
+    assert summary["quality"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(PREDICTIONS, [REFERENCES]).score)
+
+
+def test_the_report_command_starts_no_ray(tmp_path):
+    """`bild-pipeline report` reads the run with pyarrow: Ray is not even imported."""
+    import subprocess
+    import sys
+
+    write_run(tmp_path / "run", [ok_row(i, p, r) for i, (p, r) in enumerate(zip(PREDICTIONS, REFERENCES))])
+    code = ("import sys; from pipeline.cli import main\n"
+            f"main(['report', {str(tmp_path / 'run')!r}], standalone_mode=False)\n"
+            "assert 'ray' not in sys.modules, 'the report imported ray'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "6 records, 0 errors, bleu" in done.stdout

@@ -135,7 +135,7 @@ def made_up_run(path, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(full, schema=OUTPUT_SCHEMA), f"{data_path(base)}/part-0.parquet")
 
 
-def test_the_paired_quality_difference_is_sacrebleus_run_minus_baseline(ray_local, tmp_path):
+def test_the_paired_quality_difference_is_sacrebleus_run_minus_baseline(tmp_path):
     """On texts whose baseline side is close to the references and whose run side is not, the report's
     paired difference is sacrebleu's corpus BLEU (and chrF) of the run minus the baseline's, on the paired
     records with a reference only: its sign says which side is better."""
@@ -151,7 +151,7 @@ def test_the_paired_quality_difference_is_sacrebleus_run_minus_baseline(ray_loca
              {"id": "unpaired", "prediction": "the cat", "reference": "the cat sat on the mat"}]
     made_up_run(tmp_path / "run", rows)
 
-    found = paired_baseline(read_run(str(tmp_path / "run"))[0], "translation")  # the report's paired_baseline
+    found = paired_baseline(read_run(str(tmp_path / "run")), "translation")  # the report's paired_baseline
     assert found["records"] == 11 and found["records_scored"] == 10
     assert found["latency_speedup"] == pytest.approx(3.0)
     refs = [REFERENCES]

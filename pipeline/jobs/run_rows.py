@@ -1,0 +1,56 @@
+"""A finished run's output rows, read with pyarrow alone: only the columns asked for, in batches.
+
+Reports and sweeps read a run that is already written, so they need no cluster: Ray stays for
+decoding. The run may be on local disk or behind any fsspec URL (S3, GCS, ...). Its files were
+written by several attempts and may differ in columns (an older run lacks a newer counter); the
+dataset's schema is the union of theirs, and a column a file lacks reads as nulls there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from pipeline.io.storage import arrow_filesystem, data_path, output_filesystem, output_files, read_manifest
+
+BATCH_ROWS = 65_536  # rows per batch when texts are streamed (bounded memory for runs of any size)
+
+
+class RunRows:
+    """The Parquet files under a run's data folder as one pyarrow dataset, and its run.json manifest."""
+
+    def __init__(self, run_path: str, storage_options: dict | None = None):
+        fs, path = output_filesystem(run_path, storage_options)
+        files = output_files(fs, path)
+        if not files:
+            raise FileNotFoundError(f"{run_path}: no output rows (expected Parquet files under {data_path(run_path)})")
+        filesystem = arrow_filesystem(fs)
+        first_pass = pads.dataset(files, format="parquet", filesystem=filesystem)
+        schema = pa.unify_schemas([fragment.physical_schema for fragment in first_pass.get_fragments()])
+        self.dataset = pads.dataset(files, format="parquet", filesystem=filesystem, schema=schema)
+        self.manifest = read_manifest(fs, path)
+
+    @property
+    def columns(self) -> list[str]:
+        return self.dataset.schema.names
+
+    def present(self, columns) -> list[str]:
+        """Those of `columns` the run has, in the order given."""
+        return [column for column in columns if column in self.columns]
+
+    def table(self, columns, where: pads.Expression | None = None) -> pa.Table:
+        """The rows (matching `where`) of `columns`, all at once: for columns without texts."""
+        return self.dataset.to_table(columns=list(columns), filter=where)
+
+    def batches(self, columns, where: pads.Expression | None = None) -> Iterator[pa.Table]:
+        """The same in tables of at most BATCH_ROWS rows, read as they are used: for texts."""
+        for batch in self.dataset.to_batches(columns=list(columns), filter=where, batch_size=BATCH_ROWS):
+            if batch.num_rows:
+                yield pa.Table.from_batches([batch])
+
+
+def read_run(run_path: str, storage_options: dict | None = None) -> RunRows:
+    """The run at `run_path` (FileNotFoundError naming it when it has no output rows)."""
+    return RunRows(run_path, storage_options)
