@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 TORCH_CPU  ?= torch==2.13.0
 TORCH_CPU_ARGS ?=
 
-.PHONY: setup demo test test-fast bench gpu-check clean
+.PHONY: setup demo test test-fast bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,21 @@ bench: setup
 # writes runs/gpu-check/gpu_check.md and .json. CI runs the same script on the CPU (--quick).
 gpu-check: setup
 	$(PY) scripts/gpu_check.py --out runs/gpu-check
+
+# The lent GPU machine reaches no package registry, so `make gpu-check` (which starts with setup) cannot
+# run there: its own python3 runs scripts/gpu_check.py instead (docs/benchmarking.md has the command).
+# That python3 has torch, transformers, pyarrow, sacrebleu, click, pytest, onnxruntime, ... (the tool
+# library's device/KINDS.md) and none of ray, pydantic, s3fs, rouge-score, which the check does not
+# import. Its transformers has been read as 5.17 and as 6.x (outside our range), so the version we test
+# with travels as a wheel: this wheelhouse, in the ignored folder $(GPU_WHEELS), at most 64 MiB.
+GPU_WHEELS ?= .whl
+gpu-wheels: setup
+	@rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	@$(PY) -m pip download -qq --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d $(GPU_WHEELS) "transformers==$$($(PY) -c 'import transformers; print(transformers.__version__)')"
+	@du -sm $(GPU_WHEELS) | awk '{ if ($$1 > 64) { print "the wheelhouse is over 64 MiB"; exit 1 } \
+	    else print "wheelhouse: " $$1 " MiB in $(GPU_WHEELS):" }' && ls $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

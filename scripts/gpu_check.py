@@ -110,7 +110,8 @@ def table_row(result: dict) -> str:
 def render(report: dict) -> str:
     tests = report["device_tests"]
     lines = [f"# GPU check: {report['device_name']}", "",
-             f"device {report['device']}, dtype {report['dtype']}, torch {report['torch']}, {report['date']}; "
+             f"device {report['device']}, dtype {report['dtype']}, torch {report['torch']}, "
+             f"transformers {report.get('transformers')}, {report['date']}; "
              f"{'quick (tiny random pairs)' if report['quick'] else 'full'}; total {report['seconds']:.0f} s", "",
              f"Device tests (`pytest -m gpu`): {'passed' if tests['passed'] else 'FAILED'} — {tests['summary']}", "",
              "| pair | dtype | engine | our `large` tokens/s (B=1) | `bild` vs `large` (B=1) | `speculative` vs `large` "
@@ -119,6 +120,23 @@ def render(report: dict) -> str:
              "|" + "---|" * 12]
     lines += ["| " + table_row(result) + " |" for result in report["pairs"]]
     return "\n".join(lines) + "\n"
+
+
+def check_transformers() -> str:
+    """The installed transformers' version, or exit naming the fix when pyproject.toml's range excludes
+    it (the lent GPU machine's own has been read as 5.17, whose cache API our engines do not speak)."""
+    import re
+
+    import transformers
+    from packaging.requirements import Requirement
+
+    # The dependency line itself, e.g. "transformers>=5.24,<6" (tomllib is Python 3.11+; we support 3.10).
+    wanted = Requirement(re.search(r'"(transformers[<>=!~,.0-9 ]+)"', (ROOT / "pyproject.toml").read_text())[1])
+    if transformers.__version__ not in wanted.specifier:
+        sys.exit(f"transformers {transformers.__version__} is outside {wanted.specifier}, the range the engines are "
+                 "tested with: carry the wheelhouse (make gpu-wheels here; docs/benchmarking.md, 'On the lent GPU "
+                 "machine') and put it first on PYTHONPATH")
+    return transformers.__version__
 
 
 def main() -> None:
@@ -130,10 +148,12 @@ def main() -> None:
     parser.add_argument("--pairs", default=",".join(PAIRS))
     args = parser.parse_args()
     started = time.perf_counter()
+    transformers_version = check_transformers()
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     torch.set_num_threads(1 if device.type == "cpu" else torch.get_num_threads())
     report = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__,
+              "transformers": transformers_version,
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quick": args.quick}
     report["device_tests"] = device_tests(device)
