@@ -42,6 +42,11 @@ OUTPUT_SCHEMA = pa.schema(
         ("baseline_error", pa.string()),
         ("baseline_output_tokens", pa.int32()),
         ("baseline_latency_ms", pa.float64()),
+        # The row's quality statistics against its reference, counted by the actor that wrote it
+        # (metrics.quality: sacrebleu's BLEU then chrF sufficient statistics, or ROUGE F-measures, in
+        # stat_columns order); null without a reference or on error. A report sums them, so scoring
+        # a run of any size is a sum of columns; rows without them (older runs) are counted then.
+        ("quality_stats", pa.list_(pa.float64())),
     ]
 )
 SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
@@ -49,5 +54,5 @@ SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: w
 # What reports and sweeps bring to the driver for every row: counters, times, errors, who decoded
 # it and its reference; not the texts the models wrote, nor the labels every row of a run repeats.
 NOT_NUMERIC = ("id", "prediction", "method", "input_tokens", "truncated", "job_name", "config_hash",
-               "baseline_prediction")
+               "baseline_prediction", "quality_stats")
 NUMERIC_COLUMNS = [name for name in OUTPUT_SCHEMA.names if name not in NOT_NUMERIC]

@@ -59,11 +59,11 @@ def _summed_stats(task: str, predictions: list[str], references: list[str]) -> d
     return sums
 
 
-def summed_quality(batches: Iterable[pa.Table], task: str, prediction: str = "prediction",
-                   reference: str = "reference", workers: int = 1) -> tuple[dict, int]:
-    """(scores, rows scored) over tables with prediction/reference/error columns: statistics summed
-    batch by batch, the score computed once. With workers > 1 the batches' statistics (sacrebleu's
-    per-sentence n-gram counts, about 0.3 ms a row) are counted in that many processes."""
+def _quality_sums(batches: Iterable[pa.Table], task: str, prediction: str = "prediction",
+                  reference: str = "reference", workers: int = 1) -> tuple[dict[str, np.ndarray], int]:
+    """(summed statistics by metric, rows) over tables with prediction/reference/error columns. With
+    workers > 1 the batches' statistics (sacrebleu's per-sentence n-gram counts, about 0.3 ms a row)
+    are counted in that many processes."""
     sums = {name: np.zeros(width) for name, width in q.stat_columns(task).items()}
     rows = 0
 
@@ -87,17 +87,44 @@ def summed_quality(batches: Iterable[pa.Table], task: str, prediction: str = "pr
                     add(pending.pop(0).result())
             for future in pending:
                 add(future.result())
+    return sums, rows
+
+
+def summed_quality(batches: Iterable[pa.Table], task: str, prediction: str = "prediction",
+                   reference: str = "reference", workers: int = 1) -> tuple[dict, int]:
+    """(scores, rows scored): statistics summed batch by batch, the score computed once."""
+    sums, rows = _quality_sums(batches, task, prediction, reference, workers)
     return q.corpus_scores(task, sums, rows), rows
 
 
-def _quality_workers(rows: RunRows) -> int:
-    """Processes for a run's quality statistics: one per core once the run spans several batches."""
-    return len(os.sched_getaffinity(0)) if rows.dataset.count_rows() > 2 * BATCH_ROWS else 1
+def _quality_workers(rows: int) -> int:
+    """Processes for counting `rows` rows' statistics: one per core once they span several batches."""
+    return len(os.sched_getaffinity(0)) if rows > 2 * BATCH_ROWS else 1
+
+
+SCORABLE = pads.field("error").is_null() & pads.field("prediction").is_valid() & pads.field("reference").is_valid()
 
 
 def run_quality(rows: RunRows, task: str) -> tuple[dict, int]:
-    """(scores, rows scored) of a run's predictions against its references."""
-    return summed_quality(rows.batches(["prediction", "reference", "error"]), task, workers=_quality_workers(rows))
+    """(scores, rows scored) of a run's predictions against its references: the statistics its actors
+    wrote (`quality_stats`) summed, and counted here only for rows without them (older runs)."""
+    sums = {name: np.zeros(width) for name, width in q.stat_columns(task).items()}
+    written = 0
+    uncounted = SCORABLE
+    if "quality_stats" in rows.columns:
+        width = sum(q.stat_columns(task).values())
+        complete = pc.equal(pc.list_value_length(pads.field("quality_stats")), width)
+        for batch in rows.batches(["quality_stats"], where=SCORABLE & complete):
+            matrix = batch["quality_stats"].combine_chunks().flatten().to_numpy().reshape(-1, width)
+            for name, values in q.stats_by_metric(task, matrix.sum(0)).items():
+                sums[name] += values
+            written += batch.num_rows
+        uncounted = SCORABLE & ~(pads.field("quality_stats").is_valid() & complete)
+    todo = rows.dataset.count_rows(filter=uncounted)
+    counted, counted_rows = _quality_sums(rows.batches(["prediction", "reference", "error"], where=uncounted), task,
+                                          workers=_quality_workers(todo))
+    total = {name: sums[name] + counted[name] for name in sums}
+    return q.corpus_scores(task, total, written + counted_rows), written + counted_rows
 
 
 def _numeric_table(rows: RunRows, extra: tuple[str, ...] = ()) -> pa.Table:

@@ -194,6 +194,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> D
         verify_share=job.compute.verify_share,
         baseline=baseline,
         baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
+        task=job.task,
     )
 
 

@@ -34,6 +34,18 @@ def stat_columns(task: str) -> dict[str, int]:
     return {name: 1 for name in SUMMARIZATION_METRICS}
 
 
+def stats_matrix(task: str, stats: dict[str, np.ndarray]) -> np.ndarray:
+    """row_statistics' result as one [rows, width] matrix, metrics in stat_columns order (the
+    `quality_stats` column's layout)."""
+    return np.concatenate([stats[name] for name in stat_columns(task)], axis=1)
+
+
+def stats_by_metric(task: str, matrix: np.ndarray) -> dict[str, np.ndarray]:
+    """stats_matrix undone: the columns of `matrix` ([..., width]) split by metric."""
+    bounds = np.cumsum([0, *stat_columns(task).values()])
+    return {name: matrix[..., start:end] for name, start, end in zip(stat_columns(task), bounds[:-1], bounds[1:])}
+
+
 def row_statistics(task: str, predictions: Sequence[str], references: Sequence[str]) -> dict[str, np.ndarray]:
     """Per-row sufficient statistics: name -> array [rows, width]."""
     if task == "translation":

@@ -77,6 +77,12 @@ def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, ca
     assert table.column("error").null_count == table.num_rows
     assert summary.decoded_now == 12 and summary.records_in_output == 12
     assert table.column("reference").to_pylist()[0].startswith("reference doc-")
+    # Each row carries the quality statistics of its own texts, counted by the actor (the report sums them).
+    from pipeline.metrics import quality as q
+
+    found = q.stats_matrix("translation", q.row_statistics("translation", table.column("prediction").to_pylist(),
+                                                           table.column("reference").to_pylist()))
+    assert table.column("quality_stats").to_pylist() == found.tolist()
     assert set(table.column("job_name").to_pylist()) == {"test"}
     assert set(table.column("engine").to_pylist()) == {"native"} and summary.engines == ["native"]  # T5: native
     manifest = json.loads(fs.cat("bild-test/runs/t1/run.json"))
@@ -136,6 +142,7 @@ def test_bad_input_file_completes_with_errors_only_on_bad_rows(ray_local, saved_
     assert rows["huge"]["truncated"] and rows["huge"]["input_tokens"] == 64 and rows["huge"]["error"] is None
     assert rows["good-1"]["prediction"] is not None and rows["good-1"]["output_tokens"] > 0
     assert summary.errors_now == 7
+    assert all(row["quality_stats"] is None for row in rows.values())  # errors and rows without a reference
 
 
 def test_duplicate_ids_stop_the_job_before_decoding(ray_local, saved_tiny_pair, tmp_path):

@@ -147,3 +147,61 @@ def test_the_report_command_starts_no_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "6 records, 0 errors, bleu" in done.stdout
+
+
+def _with_stats(rows, task="translation"):
+    """The rows with the quality_stats an actor writes (metrics.quality's layout)."""
+    from pipeline.metrics import quality as q
+
+    stats = q.stats_matrix(task, q.row_statistics(task, [r["prediction"] for r in rows], [r["reference"] for r in rows]))
+    return [{**row, "quality_stats": values.tolist()} for row, values in zip(rows, stats)]
+
+
+def test_the_report_sums_the_statistics_rows_carry_and_counts_only_the_rest(tmp_path, monkeypatch):
+    """Rows written with quality_stats are summed as they are (the texts are not read again); rows
+    without them (an older run's), or with statistics of another width, are counted from their texts.
+    Either way the scores are sacrebleu's on all rows."""
+    from pipeline.jobs import report
+    from pipeline.metrics import quality as q
+
+    rows = [ok_row(i, p, r) for i, (p, r) in enumerate(zip(PREDICTIONS, REFERENCES))]
+    carried = _with_stats(rows[:4])
+    carried[3]["quality_stats"] = carried[3]["quality_stats"][:5]  # another layout: counted again
+    write_run(tmp_path / "run", carried + rows[4:])
+    counted = []
+    real = q.row_statistics
+    monkeypatch.setattr(q, "row_statistics", lambda task, p, r: counted.extend(p) or real(task, p, r))
+    summary, _ = report.build_report(str(tmp_path / "run"))
+    assert sorted(counted) == sorted([PREDICTIONS[3], *PREDICTIONS[4:]])
+    assert summary["quality"]["rows_scored"] == 6
+    assert summary["quality"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(PREDICTIONS, [REFERENCES]).score)
+    assert summary["quality"]["chrf"] == pytest.approx(sacrebleu.corpus_chrf(PREDICTIONS, [REFERENCES]).score)
+
+
+def test_carried_statistics_are_what_the_report_scores(tmp_path):
+    """The column is not decoration: statistics of other texts than the row's give those texts' score."""
+    from pipeline.jobs.report import build_report
+
+    rows = [ok_row(i, p, r) for i, (p, r) in enumerate(zip(PREDICTIONS, REFERENCES))]
+    perfect = _with_stats([{**row, "prediction": row["reference"]} for row in rows])
+    write_run(tmp_path / "run", [{**row, "quality_stats": stats["quality_stats"]} for row, stats in zip(rows, perfect)])
+    summary, _ = build_report(str(tmp_path / "run"))
+    assert summary["quality"]["bleu"] == pytest.approx(100.0)
+
+
+def test_the_report_benchmark_script_runs_and_both_scoring_paths_agree():
+    """scripts/bench_report.py (the million-row figure in docs/reports.md), at a small size: the report of
+    rows that carry quality_stats and of the same rows without them give the same scores."""
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    lines = {}
+    for flags in ([], ["--no-row-stats"]):
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_report.py"), "--rows", "3000", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines[bool(flags)] = done.stdout.splitlines()
+    assert lines[False][1] == lines[True][1] and "3000 records" in lines[False][1] and "bleu" in lines[False][1]
+    assert "MiB peak resident memory" in lines[False][2]
