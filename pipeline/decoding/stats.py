@@ -91,7 +91,11 @@ class DecodeStats:
 
     @property
     def deferral_share(self) -> float | None:
-        """Share of the drafts sent for verification whose deferral rule deferred (cascade); None without drafts."""
+        """Share of the drafts sent for verification whose deferral rule deferred (cascade); None without
+        drafts (NaN for per_record's records without drafts)."""
+        if np.ndim(self.draft_tokens):
+            drafts = np.asarray(self.draft_tokens, float)
+            return np.divide(self.deferrals, drafts, out=np.full_like(drafts, np.nan), where=drafts > 0)
         return self.deferrals / self.draft_tokens if self.draft_tokens else None
 
 

@@ -359,12 +359,15 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     made = []
     ok = ok.filter(pc.greater(ok["output_tokens"], 0))
     lengths = ok["output_tokens"].to_numpy().astype(float)
-    if summary.get("method") in ("bild", "speculative") and len(lengths):
-        records = DecodeStats.per_record({name: ok[name].to_numpy()
-                                          for name in ("output_tokens", "small_tokens", "fallbacks", "rollbacks")})
+    if summary.get("method") in ("bild", "speculative", "cascade") and len(lengths):
+        counters = ("output_tokens", "small_tokens", "fallbacks", "rollbacks", "draft_tokens", "deferrals")
+        records = DecodeStats.per_record({name: ok[name].to_numpy() for name in counters if name in ok.column_names})
         made.append(plots.small_share_histogram(records.small_token_share, out / "small_share.png"))
         made.append(plots.rates_vs_length(lengths, records.fallbacks_per_100_tokens, records.rollbacks_per_100_tokens,
                                           out / "rates_vs_length.png"))
+        if summary["method"] == "cascade":
+            shares = records.deferral_share
+            made.append(plots.deferral_share_histogram(shares[~np.isnan(shares)], out / "deferral_share.png"))
     series = {summary.get("method") or "run": (lengths, ok["latency_ms"].to_numpy())}
     paired = summary.get("paired_baseline")
     if paired and "baseline_latency_ms" in ok.column_names:

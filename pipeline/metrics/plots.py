@@ -100,6 +100,17 @@ def small_share_histogram(shares, path: Path) -> Path:
     return _saved(fig, path)
 
 
+def deferral_share_histogram(shares, path: Path) -> Path:
+    """How often a cascade's deferral rule sent a record's drafts to the large model: one value per
+    record that drafted (the run's overall share is the report's deferral_share)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(shares, bins=20, range=(0.0, 1.0), color="#8172B2")
+    ax.set_xlabel("share of the record's drafted positions whose rule deferred")
+    ax.set_ylabel("records")
+    ax.set_title("deferral rate per record (cascade)")
+    return _saved(fig, path)
+
+
 def rates_vs_length(lengths, fallbacks_per_100, rollbacks_per_100, path: Path) -> Path:
     """Fallbacks and rollbacks per 100 output tokens of each record, against its output length."""
     fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -205,3 +205,16 @@ def test_the_report_benchmark_script_runs_and_both_scoring_paths_agree():
         lines[bool(flags)] = done.stdout.splitlines()
     assert lines[False][1] == lines[True][1] and "3000 records" in lines[False][1] and "bleu" in lines[False][1]
     assert "MiB peak resident memory" in lines[False][2]
+
+
+def test_a_cascade_run_reports_its_deferral_rate_and_plots_it_per_record(tmp_path):
+    from pipeline.jobs.report import build_report, write_report
+
+    rows = [{**ok_row(i, p, r), "draft_tokens": 10, "deferrals": d}
+            for i, (p, r, d) in enumerate(zip(PREDICTIONS, REFERENCES, (0, 2, 4, 6, 8, 10)))]
+    write_run(tmp_path / "run", rows, method="cascade")
+    summary, numeric = build_report(str(tmp_path / "run"))
+    assert summary["bild"]["deferral_share"] == pytest.approx(30 / 60)
+    files = write_report(summary, numeric, tmp_path / "report")
+    assert "deferral_share.png" in {f.name for f in files}
+    assert "| deferral_share | 0.500 |" in (tmp_path / "report" / "report.md").read_text()
