@@ -1,8 +1,9 @@
 """`bild-pipeline report`: throughput, latency, quality and BiLD behaviour of a finished run.
 
 No cluster: the run's Parquet files are read with pyarrow (run_rows.py), the numeric columns
-(latency, token counts) at once and the texts in batches whose quality statistics are summed as
-they are read, so memory stays bounded however many rows the run has.
+(latency, token counts) at once. Quality is the sum of the statistics the actors wrote with each row
+(`quality_stats`), scored once; rows without them (older runs) have theirs counted from the texts,
+read in batches, so memory stays bounded however many rows the run has.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def summed_quality(batches: Iterable[pa.Table], task: str, prediction: str = "pr
 
 def _quality_workers(rows: int) -> int:
     """Processes for counting `rows` rows' statistics: one per core once they span several batches."""
-    return len(os.sched_getaffinity(0)) if rows > 2 * BATCH_ROWS else 1
+    if rows <= 2 * BATCH_ROWS:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 SCORABLE = pads.field("error").is_null() & pads.field("prediction").is_valid() & pads.field("reference").is_valid()
