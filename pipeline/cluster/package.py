@@ -18,9 +18,10 @@ MAX_UPLOAD_BYTES = 100 * 1024 * 1024  # keep well under Ray's package limit
 PIPELINE_DIR = Path(__file__).resolve().parents[1]  # the `pipeline` package this module belongs to
 
 # Never uploaded (gitignore syntax). The working directory's .gitignore and .rayignore are honoured as well.
+# /docs/: the checkout's documentation and its measured tables and plots, which no job reads.
 DEFAULT_EXCLUDES = [
     ".git/", ".venv/", "venv/", "__pycache__/", "*.pyc", "*.egg-info/", ".pytest_cache/", "build/", "dist/",
-    "runs/", "/.gl/", ".ipynb_checkpoints/", "*.safetensors", "*.bin", "*.pt", "*.ckpt",
+    "runs/", "/.gl/", ".ipynb_checkpoints/", "*.safetensors", "*.bin", "*.pt", "*.ckpt", "/docs/",
 ]
 
 
