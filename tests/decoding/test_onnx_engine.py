@@ -170,13 +170,20 @@ def test_where_it_cannot_run_is_a_clear_error():
 def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     """A model whose weights do not fit in one protobuf message (2 GiB) is saved with its weights in
     a file beside the graph and loaded from there: the same logits."""
+    import onnx
+
     from pipeline.decoding import onnx_engine
 
     model = build("bart")
     weights = native_weights(model)
+    saved = []  # the graphs written to a file, with their weights beside them
+    real_save = onnx.save_model
+    monkeypatch.setattr(onnx, "save_model", lambda *args, **kwargs: saved.append(kwargs) or real_save(*args, **kwargs))
     inline = OnnxEngine(weights, step_session(weights), 1)
+    assert saved == []  # small weights travel inside the serialized graph
     monkeypatch.setattr(onnx_engine, "PROTOBUF_LIMIT", 0)
     from_file = OnnxEngine(weights, step_session(weights), 1)
+    assert len(saved) == 1 and saved[0]["save_as_external_data"]
     feed = Feed([0], torch.tensor([[model.config.decoder_start_token_id, 11, 12]]), [0], [3], [3])
     for engine in (inline, from_file):
         engine.admit([0], [encode(INPUTS[0])])
