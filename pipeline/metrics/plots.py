@@ -90,25 +90,27 @@ def latency_quality(points: list[dict], metric: str, path: Path, title: str) -> 
     return _saved(fig, path)
 
 
+def _share_histogram(shares, path: Path, xlabel: str, title: str, color: str) -> Path:
+    """One share in [0, 1] per record, in 20 bins."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(shares, bins=20, range=(0.0, 1.0), color=color)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("records")
+    ax.set_title(title)
+    return _saved(fig, path)
+
+
 def small_share_histogram(shares, path: Path) -> Path:
     """How much of each record the small model wrote (BiLD): one value per record decoded without error."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(shares, bins=20, range=(0.0, 1.0), color="#4C72B0")
-    ax.set_xlabel("share of the record's output tokens written by the small model")
-    ax.set_ylabel("records")
-    ax.set_title("small-model share per record")
-    return _saved(fig, path)
+    return _share_histogram(shares, path, "share of the record's output tokens written by the small model",
+                            "small-model share per record", "#4C72B0")
 
 
 def deferral_share_histogram(shares, path: Path) -> Path:
     """How often a cascade's deferral rule sent a record's drafts to the large model: one value per
     record that drafted (the run's overall share is the report's deferral_share)."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(shares, bins=20, range=(0.0, 1.0), color="#8172B2")
-    ax.set_xlabel("share of the record's drafted positions whose rule deferred")
-    ax.set_ylabel("records")
-    ax.set_title("deferral rate per record (cascade)")
-    return _saved(fig, path)
+    return _share_histogram(shares, path, "share of the record's drafted positions whose rule deferred",
+                            "deferral rate per record (cascade)", "#8172B2")
 
 
 def rates_vs_length(lengths, fallbacks_per_100, rollbacks_per_100, path: Path) -> Path:
