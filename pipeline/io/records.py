@@ -19,7 +19,8 @@ RECORD_SCHEMA = pa.schema(
 )
 
 
-def _id_string(value: Any) -> str | None:
+def id_string(value: Any) -> str | None:
+    """A raw id as the normal form's string; None for a missing or blank one."""
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
@@ -41,7 +42,7 @@ def normalize(raw: dict, id_column: str, text_column: str, reference_column: str
     reference = raw.get(reference_column) if reference_column else None
     if reference is not None and not isinstance(reference, str):
         reference = str(reference)
-    return {"id": _id_string(raw.get(id_column)), "text": text, "reference": reference, "input_error": error}
+    return {"id": id_string(raw.get(id_column)), "text": text, "reference": reference, "input_error": error}
 
 
 def parse_jsonl(
@@ -61,7 +62,7 @@ def parse_jsonl(
         else:
             problem = None if isinstance(raw, dict) else f"a JSONL line must be an object, got {type(raw).__name__}"
         if problem:
-            record_id = _id_string(raw.get(id_column)) if isinstance(raw, dict) else None
+            record_id = id_string(raw.get(id_column)) if isinstance(raw, dict) else None
             yield {"id": record_id or f"{source}:{number}", "text": None, "reference": None, "input_error": problem}
             continue
         yield normalize(raw, id_column, text_column, reference_column)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import posixpath
 from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.io.records import normalize, parse_jsonl
+from pipeline.io.records import id_string, normalize, parse_jsonl
 from pipeline.io.schema import SWEEP_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -22,6 +25,12 @@ EXTENSIONS = {"parquet": ["parquet"], "csv": ["csv"], "jsonl": ["jsonl", "json"]
 # Parquet reader pointed at OUTPUT/data sees only Parquet files.
 MANIFEST = "run.json"
 DATA_DIR = "data"
+# Ray Data 2.60 reads Parquet footers on a pool of 32 actors whatever the input's size: on a 2-core
+# machine starting them costs ~3 s of CPU before the first record is read. One actor per 64 files
+# (at most Ray's 32) unless the user sets the variable.
+FOOTER_ACTORS_VARIABLE = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
+FILES_PER_FOOTER_ACTOR = 64
+_USERS_FOOTER_ACTORS = os.environ.get(FOOTER_ACTORS_VARIABLE)
 
 
 def data_path(output_path: str) -> str:
@@ -51,40 +60,52 @@ def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
+def input_files(input_config) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    """(filesystem, the input's files): the file input.path names, or every file below that folder with
+    its format's extension, except those whose path inside it starts with "." or "_", sorted — the
+    files Ray Data would read there. The ids (read_ids) and the records (read_records) both come from
+    this one list."""
+    cfg = input_config
+    fs, path = open_filesystem(cfg.path, cfg.storage_options)
+    if not fs.exists(path):
+        raise InputError(f"input.path {cfg.path!r} does not exist")
+    if not fs.isdir(path):
+        return fs, [path]
+    base = path.rstrip("/") + "/"
+    files = sorted(
+        found for found in fs.find(path)
+        if not found[len(base):].startswith((".", "_"))
+        and found.lower().endswith(tuple("." + ext for ext in EXTENSIONS[cfg.format]))
+    )
+    if not files:
+        raise InputError(f"input.path {cfg.path!r} holds no {cfg.format} files "
+                         f"(*.{', *.'.join(EXTENSIONS[cfg.format])})")
+    return fs, files
+
+
 def read_records(input_config):
     """The job's input as a Ray dataset (ray.data.Dataset) in the normal form of ``records.py``."""
     import ray.data
 
     cfg = input_config
-    fs, path = open_filesystem(cfg.path, cfg.storage_options)
-    if not fs.exists(path):
-        raise InputError(f"input.path {cfg.path!r} does not exist")
+    fs, files = input_files(cfg)
     filesystem = arrow_filesystem(fs)
     columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
 
     if cfg.format == "jsonl":
-        files = ray.data.read_binary_files(
-            path, filesystem=filesystem, include_paths=True, file_extensions=EXTENSIONS["jsonl"]
-        )
+        blobs = ray.data.read_binary_files(files, filesystem=filesystem, include_paths=True)
 
         def split_lines(row: dict) -> list[dict]:
             return list(parse_jsonl(row["bytes"], posixpath.basename(row["path"]), *columns))
 
-        return files.flat_map(split_lines)
+        return blobs.flat_map(split_lines)
 
     if cfg.format == "parquet":
-        dataset = ray.data.read_parquet(path, filesystem=filesystem, file_extensions=EXTENSIONS["parquet"])
+        if _USERS_FOOTER_ACTORS is None:
+            os.environ[FOOTER_ACTORS_VARIABLE] = str(min(32, math.ceil(len(files) / FILES_PER_FOOTER_ACTOR)))
+        dataset = ray.data.read_parquet(files, filesystem=filesystem)
     else:
-        import pyarrow.csv as pacsv
-
-        # Read the named columns as text so "007" stays "007" and numbers do not change the type.
-        as_text = {name: pa.string() for name in columns if name}
-        dataset = ray.data.read_csv(
-            path,
-            filesystem=filesystem,
-            file_extensions=EXTENSIONS["csv"],
-            convert_options=pacsv.ConvertOptions(column_types=as_text, strings_can_be_null=False),
-        )
+        dataset = ray.data.read_csv(files, filesystem=filesystem, convert_options=_csv_options(cfg, columns))
     names = dataset.schema().names
     for key, name in (("input.id_column", cfg.id_column), ("input.text_column", cfg.text_column),
                       ("input.reference_column", cfg.reference_column)):
@@ -93,16 +114,37 @@ def read_records(input_config):
     return dataset.map(lambda row: normalize(row, *columns))
 
 
-def check_ids(dataset) -> pa.ChunkedArray:
-    """Fail fast on missing or duplicate ids; returns the ids in input order."""
+def _csv_options(cfg, columns, include: list[str] | None = None):
+    """Read the named columns as text, so "007" stays "007" and numbers do not change the type."""
+    as_text = {name: pa.string() for name in columns if name}
+    return pacsv.ConvertOptions(column_types=as_text, strings_can_be_null=False, include_columns=include)
+
+
+def read_ids(input_config) -> pa.Array:
+    """The input's ids in input order, read on the driver (no Ray): only the id column of Parquet and
+    CSV files; JSONL lines are parsed whole, as the records are. Fails fast on a missing or repeated id."""
+    cfg = input_config
+    fs, files = input_files(cfg)
+    columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
+    values: list[str | None] = []
+    for file in files:
+        if cfg.format == "jsonl":
+            lines = parse_jsonl(fs.cat_file(file), posixpath.basename(file), *columns)
+            values.extend(record["id"] for record in lines)
+            continue
+        if cfg.format == "parquet":
+            table = pq.read_table(file, columns=[cfg.id_column], filesystem=arrow_filesystem(fs))
+        else:
+            with fs.open(file, "rb") as stream:
+                table = pacsv.read_csv(stream, convert_options=_csv_options(cfg, columns, [cfg.id_column]))
+        values.extend(id_string(value) for value in table.column(0).to_pylist())
+    return check_ids(pa.array(values, type=pa.string()))
+
+
+def check_ids(ids: pa.Array) -> pa.Array:
+    """``ids`` unless one is missing or repeated (InputError)."""
     import pyarrow.compute as pc
 
-    chunks = [
-        chunk
-        for batch in dataset.select_columns(["id"]).iter_batches(batch_format="pyarrow")
-        for chunk in batch.column("id").chunks
-    ]
-    ids = pa.chunked_array(chunks, type=pa.string())
     if ids.null_count:
         raise InputError(f"{ids.null_count} input record(s) have no id (a null or empty id)")
     repeated = [

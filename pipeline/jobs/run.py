@@ -25,13 +25,13 @@ import pyarrow.compute as pc
 from pipeline.io.schema import STATS_COLUMNS
 from pipeline.io.storage import (
     arrow_filesystem,
-    check_ids,
     data_path,
     existing_rows,
     output_filesystem,
     output_files,
     read_manifest,
     read_output_table,
+    read_ids,
     read_records,
     write_manifest,
 )
@@ -150,8 +150,10 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
     if target:
         ray.init(address=target, logging_level=logging.WARNING, log_to_driver=verbose)
     else:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), logging_level=logging.WARNING,
-                 log_to_driver=verbose)
+        # No dashboard: nothing reads an embedded Ray's, and on a small machine its processes take CPU
+        # from the actors (and a second off the start-up).
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False,
+                 logging_level=logging.WARNING, log_to_driver=verbose)
 
 
 def _check_pair_early(job: JobConfig) -> None:
@@ -256,8 +258,8 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
         out_fs.rm(out_path, recursive=True)
 
     connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
-    records = read_records(job.input)
-    all_ids = check_ids(records).combine_chunks()
+    records = read_records(job.input)  # lazy: Ray Data reads it while the actors decode
+    all_ids = read_ids(job.input)
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
     if job.output.mode == "resume":
         todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.io.storage import InputError, open_filesystem, output_files, read_output_table
+from pipeline.io.storage import InputError, open_filesystem, output_files, read_ids, read_output_table, read_records
 from pipeline.jobs import JobConfig, load_job
 from pipeline.jobs.run import OutputExistsError, run_job
 from support import REPO
@@ -113,6 +113,35 @@ def test_jsonl_and_csv_inputs(ray_local, saved_tiny_pair, tmp_path):
     assert set(table.column("engine").to_pylist()) == {"hf"}
     assert_one_row_per_id(table, [f"00{i}" for i in range(5)])  # ids read as text: leading zeros kept
     assert table.column("error").null_count == 5
+
+
+def test_the_drivers_ids_are_the_records_ids_in_every_format(ray_local, saved_tiny_pair, tmp_path):
+    """The driver reads the ids without Ray (read_ids); the actors get Ray Data's records (read_records).
+    Both must see the same files and the same ids, odd ones included (ints, 7.0, "007", a bad JSONL line)."""
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    pq.write_table(pa.table({"id": [3, 1], "text": ["a", "b"]}), parquet / "b.parquet")
+    pq.write_table(pa.table({"id": [7.0, 2.5], "text": ["c", "d"]}), parquet / "a.parquet")
+    for skipped in ("_SUCCESS.parquet", ".hidden.parquet", "notes.txt"):
+        (parquet / skipped).write_text("not a shard")  # Ray Data skips these, and so must the ids
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,text\n007,x\n8,y\n")
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_bytes(b'{"id": 5, "text": "x"}\n\n{"id": "broken", \n{"text": "no id"}\n')
+    expected = {"parquet": ["7", "2.5", "3", "1"], "csv": ["007", "8"], "jsonl": ["5", "in.jsonl:3", None]}
+    for fmt, path in (("parquet", parquet), ("csv", csv), ("jsonl", jsonl)):
+        config = make_job(saved_tiny_pair, path, tmp_path / "out", fmt=fmt, input={"reference_column": None}).input
+        records = sorted(row["id"] or "" for row in read_records(config).take_all())
+        assert records == sorted(value or "" for value in expected[fmt]), fmt
+        if None in expected[fmt]:
+            with pytest.raises(InputError, match="1 input record"):
+                read_ids(config)
+        else:
+            assert read_ids(config).to_pylist() == expected[fmt], fmt
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="holds no parquet files"):
+        read_ids(make_job(saved_tiny_pair, empty, tmp_path / "out").input)
 
 
 def test_bad_input_file_completes_with_errors_only_on_bad_rows(ray_local, saved_tiny_pair, tmp_path):
