@@ -6,6 +6,7 @@ callable class Ray Data instantiates once per actor and calls with batches of re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
+from pipeline.decoding.ct2_engine import CT2Generator
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.metrics import quality as q
 
@@ -41,6 +43,7 @@ class DecodeStageSpec:
     verify_share: float = 1.0
     baseline: DecodingConfig | None = None  # report.baseline: a second method for the paired records
     baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
+    baseline_engine: str | None = None  # report.baseline_engine where it differs from models.engine
     task: str = "translation"  # which quality statistics each row with a reference carries
 
 
@@ -58,14 +61,25 @@ class DecodeStage:
         hf_logging.disable_progress_bar()  # one weight-loading bar per actor is noise in any log
         self.spec = spec
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
-        self.pair = ModelPair.from_spec(spec.models)  # the output's `engine` column says what ran
-        self.generators = [(name, Generator(self.pair, config)) for name, config in spec.points]
-        self.passes = self.generators + ([(BASELINE, Generator(self.pair, spec.baseline))] if spec.baseline else [])
+        self._pair = None  # loaded by the first pass that decodes with both models' engines
+        self.generators = [(name, self._decoder(spec.models, config)) for name, config in spec.points]
+        baseline_models = dataclasses.replace(spec.models, engine=spec.baseline_engine or spec.models.engine)
+        self.passes = self.generators + ([(BASELINE, self._decoder(baseline_models, spec.baseline))]
+                                         if spec.baseline else [])
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         for _, generator in self.passes:  # first-call set-up must not count as a record's latency
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
+
+    def _decoder(self, models: ModelSpec, config: DecodingConfig):
+        """A Generator over the actor's one model pair, or a CT2Generator where models.engine is ct2;
+        either's engine_kind and quantize are what the output's columns say ran."""
+        if models.engine == "ct2":
+            return CT2Generator(models, config, threads=max(1, self.spec.torch_threads))
+        if self._pair is None:
+            self._pair = ModelPair.from_spec(models)
+        return Generator(self._pair, config)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
@@ -133,12 +147,13 @@ class DecodeStage:
             "job_name": self.spec.job_name,
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
-            "engine": self.pair.engine_kind,
-            "quantize": self.pair.quantize,
+            "engine": self.generators[0][1].engine_kind,
+            "quantize": self.generators[0][1].quantize,
             **call,
         }
         if baseline is not None:
-            out.update(baseline_method=baseline.method, baseline_prediction=baseline.prediction,
+            out.update(baseline_method=baseline.method, baseline_engine=self.passes[-1][1].engine_kind,
+                       baseline_prediction=baseline.prediction,
                        baseline_error=baseline.error, baseline_output_tokens=baseline.stats.output_tokens,
                        baseline_latency_ms=baseline.latency_ms)
         if self.spec.sweep:

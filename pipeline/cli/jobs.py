@@ -49,11 +49,11 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     write) stops the job with its message and code 1."""
     from pipeline.decoding import IncompatiblePairError
     from pipeline.io.storage import InputError, OutputReadError
-    from pipeline.jobs.run import OutputExistsError
+    from pipeline.jobs.run import EngineError, OutputExistsError
 
     try:
         return func(*args, **kwargs)
-    except (InputError, OutputExistsError, IncompatiblePairError) as exc:
+    except (InputError, OutputExistsError, IncompatiblePairError, EngineError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)
         sys.exit(2)
     except OutputReadError as exc:

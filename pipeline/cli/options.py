@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, DRAFT_WINDOWS, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig
+from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, DRAFT_WINDOWS, METHODS, PAIR_ENGINES, QUANTIZE_NAMES, DecodingConfig
 
 
 def options(*specs):
@@ -39,7 +39,7 @@ override_option = click.option("--set", "overrides", multiple=True, metavar="KEY
                                help="Override a job key.")
 
 engine_option = click.option(
-    "--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+    "--engine", type=click.Choice(PAIR_ENGINES), default="auto", show_default=True,
     help="auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
          "Hugging Face's modules (logged); hf: always Hugging Face's; onnx: the native engine's decoder step as "
          "one onnxruntime call (CPU, float32 or --quantize int8; the fastest on a CPU).")

@@ -12,9 +12,12 @@ METHODS: tuple[str, ...] = ("bild", "speculative", "cascade", "large", "small")
 # Speculative cascades' deferral rules (policies.deferral; Narasimhan et al., ICLR 2025).
 DEFERRALS: tuple[str, ...] = ("chow", "diff", "opt")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
-# Which engine runs the models (engine.py): auto/native take the native one where it exists; onnx
+# Which engine runs a pair's models (engine.py): auto/native take the native one where it exists; onnx
 # runs the native engine's decoder step as one onnxruntime call (onnx_engine.py; CPU, float32 or int8).
-ENGINES: tuple[str, ...] = ("auto", "native", "hf", "onnx")
+PAIR_ENGINES: tuple[str, ...] = ("auto", "native", "hf", "onnx")
+# A job may also run one model alone on CTranslate2 (ct2_engine.py: methods large and small only).
+ENGINES: tuple[str, ...] = (*PAIR_ENGINES, "ct2")
+PLAIN_METHODS: tuple[str, ...] = ("large", "small")  # one model decodes alone: what ct2 runs
 DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
 # Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (int8.py).
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")
@@ -33,6 +36,7 @@ class ModelSpec:
     trust_remote_code: bool = False
     engine: str = "auto"  # one of ENGINES
     quantize: str = "none"  # one of QUANTIZE_NAMES
+    ct2_cache: str | None = None  # engine ct2: where converted checkpoints are kept (None: ~/.cache/bild-pipeline/ct2)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

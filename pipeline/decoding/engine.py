@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.config import ENGINES
+from pipeline.decoding.config import PAIR_ENGINES
 
 log = logging.getLogger("pipeline.decoding")
 
@@ -195,8 +195,8 @@ def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
     uses its weights) cannot run that model, or None. A fallback to "hf" is logged once; the output
     is never wrong, only slower.
     """
-    if requested not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {requested!r}")
+    if requested not in PAIR_ENGINES:
+        raise ValueError(f"a model pair's engine is one of {', '.join(PAIR_ENGINES)}, got {requested!r}")
     if requested == "hf":
         return "hf"
     missing = {role: reason for role, reason in reasons.items() if reason}

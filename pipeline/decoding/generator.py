@@ -45,6 +45,21 @@ class InputError(ValueError):
     """A record whose text cannot be decoded (its row gets an error, the job goes on)."""
 
 
+def encode_text(tokenizer, text: object, limit: int) -> tuple[torch.Tensor, bool]:
+    """Token ids [1, S] for one input, truncated to ``limit`` tokens, and whether it was cut."""
+    if not isinstance(text, str):
+        raise InputError(f"input text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InputError("input text is empty")
+    ids = tokenizer(text)["input_ids"]
+    truncated = len(ids) > limit
+    if truncated:  # let the tokenizer cut, so special tokens such as EOS stay where they belong
+        ids = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
+    if not ids:
+        raise InputError("input text produced no tokens")
+    return torch.tensor([ids], dtype=torch.long), truncated
+
+
 class Generator:
     """Decodes texts with one ModelPair under one DecodingConfig, record by record."""
 
@@ -52,20 +67,17 @@ class Generator:
         self.pair = pair
         self.config = config
 
+    @property
+    def engine_kind(self) -> str:
+        return self.pair.engine_kind  # what the output's engine column says ran
+
+    @property
+    def quantize(self) -> str:
+        return self.pair.quantize
+
     def encode(self, text: object) -> tuple[torch.Tensor, bool]:
         """Token ids [1, S] for one input, truncated to max_input_tokens, and whether it was cut."""
-        if not isinstance(text, str):
-            raise InputError(f"input text must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise InputError("input text is empty")
-        tokenizer, limit = self.pair.tokenizer, self.config.max_input_tokens
-        ids = tokenizer(text)["input_ids"]
-        truncated = len(ids) > limit
-        if truncated:  # let the tokenizer cut, so special tokens such as EOS stay where they belong
-            ids = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
-        if not ids:
-            raise InputError("input text produced no tokens")
-        return torch.tensor([ids], dtype=torch.long), truncated
+        return encode_text(self.pair.tokenizer, text, self.config.max_input_tokens)
 
     def generate_one(self, text: object, seed: int | None = None) -> GenerationResult:
         """Decode one text; any failure becomes the result's ``error``, never an exception."""

@@ -28,7 +28,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("job_name", pa.string()),
         ("config_hash", pa.string()),
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
-        ("engine", pa.string()),  # the engine that ran the models: "native" or "hf"
+        ("engine", pa.string()),  # the engine that ran the models: "native", "hf", "onnx" or "ct2"
         ("quantize", pa.string()),  # how its weights were multiplied: "none" or "int8" (models.quantize)
         # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
         # took, report.baseline's passes excluded. Every row of a call carries the same two values;
@@ -38,6 +38,7 @@ OUTPUT_SCHEMA = pa.schema(
         # report.baseline: the same record decoded by the baseline method too, on the same actor
         # and in the same call (side by side); null where the record was not paired.
         ("baseline_method", pa.string()),
+        ("baseline_engine", pa.string()),  # what ran it (report.baseline_engine, default: the job's engine)
         ("baseline_prediction", pa.string()),
         ("baseline_error", pa.string()),
         ("baseline_output_tokens", pa.int32()),

@@ -167,11 +167,17 @@ def paired_baseline(rows: RunRows, task: str) -> dict | None:
     bootstrap interval. None when the run has no paired records."""
     if "baseline_prediction" not in rows.columns:
         return None
-    table = _paired_rows(rows.table(PAIRED_COLUMNS, where=pads.field("baseline_method").is_valid()), task)
+    raw = rows.table(rows.present(PAIRED_COLUMNS + ("engine", "quantize", "baseline_engine")),
+                     where=pads.field("baseline_method").is_valid())
+    table = _paired_rows(raw, task)
     if table.num_rows == 0:
         return None
     latency, baseline_latency = (np.asarray(table[c].to_pylist(), float) for c in ("latency_ms", "baseline_latency_ms"))
-    found = {"method": table["baseline_method"][0].as_py(), "records": table.num_rows,
+    first = {name: raw[name][0].as_py() for name in raw.column_names if name in ("engine", "quantize", "baseline_engine")}
+    method = table["baseline_method"][0].as_py()
+    engine = first.get("baseline_engine") or first.get("engine")
+    found = {"method": method, "engine": engine, "label": baseline_label(method, engine, first.get("quantize")),
+             "records": table.num_rows,
              "mean_latency_ms": float(latency.mean()), "baseline_mean_latency_ms": float(baseline_latency.mean()),
              "latency_speedup": float(baseline_latency.sum() / latency.sum()) if latency.sum() else None}
     scored = table.filter(table["scored"])
@@ -187,6 +193,14 @@ def paired_baseline(rows: RunRows, task: str) -> dict | None:
         found["quality"] = {name: {"run": scores["run"][name], "baseline": scores["baseline"][name], **interval}
                             for name, interval in q.paired_bootstrap(task, run, base).items()}
     return found
+
+
+def baseline_label(method: str, engine: str | None, quantize: str | None) -> str:
+    """How a report names the paired baseline: the method, or e.g. "CTranslate2 int8 large" where
+    report.baseline_engine ran it on CTranslate2 (the yardstick users would otherwise run)."""
+    if engine != "ct2":
+        return method
+    return f"CTranslate2 {'int8 ' if quantize == 'int8' else ''}{method}"
 
 
 def _wall_seconds(manifest: dict | None) -> float | None:
@@ -304,15 +318,16 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
 
 def render_paired(paired: dict, method: str | None) -> str:
     """The report's section on report.baseline's paired records."""
-    lines = [f"## Against `{paired['method']}` on {paired['records']} paired records", "",
-             f"Each of these records was decoded by `{method}` and by `{paired['method']}` side by side on the same "
+    baseline = paired.get("label", paired["method"])
+    lines = [f"## Against `{baseline}` on {paired['records']} paired records", "",
+             f"Each of these records was decoded by `{method}` and by `{baseline}` side by side on the same "
              f"actor (report.baseline); the baseline rows are not part of the run's output.", "",
-             f"**`{method}` is {paired['latency_speedup']:.2f}x the speed of `{paired['method']}`** (mean latency "
+             f"**`{method}` is {paired['latency_speedup']:.2f}x the speed of `{baseline}`** (mean latency "
              f"{paired['mean_latency_ms']:.1f} vs {paired['baseline_mean_latency_ms']:.1f} ms per record).", ""]
     if paired.get("quality"):
         lines += [f"Quality on the {paired['records_scored']} records with a reference; the difference's 95% interval "
                   "is a paired bootstrap over records (1,000 resamples, sacrebleu's paired-bs method):", "",
-                  f"| metric | `{method}` | `{paired['method']}` | difference | 95% interval |", "|---|---|---|---|---|"]
+                  f"| metric | `{method}` | `{baseline}` | difference | 95% interval |", "|---|---|---|---|---|"]
         lines += [f"| {name} | {v['run']:.2f} | {v['baseline']:.2f} | {v['delta']:+.2f} | [{v['low']:+.2f}, {v['high']:+.2f}] |"
                   for name, v in paired["quality"].items()]
     return "\n".join(lines)
@@ -325,7 +340,8 @@ def result_line(summary: dict) -> str:
     line = f"{records['total']} records, {records['errors']} errors, {quality or 'no references'}"
     paired = summary.get("paired_baseline")
     if paired:
-        line += f"; {summary.get('method')} {paired['latency_speedup']:.2f}x the speed of {paired['method']}"
+        baseline = paired.get("label", paired["method"])
+        line += f"; {summary.get('method')} {paired['latency_speedup']:.2f}x the speed of {baseline}"
         first = next(iter(paired.get("quality", {}).items()), None)
         if first:
             name, v = first
@@ -375,7 +391,7 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     paired = summary.get("paired_baseline")
     if paired and "baseline_latency_ms" in ok.column_names:
         both = ok.filter(pc.and_(pc.is_valid(ok["baseline_latency_ms"]), pc.is_null(ok["baseline_error"])))
-        series[f"{paired['method']} (paired baseline)"] = (both["baseline_output_tokens"].to_numpy(),
+        series[f"{paired.get('label', paired['method'])} (paired baseline)"] = (both["baseline_output_tokens"].to_numpy(),
                                                             both["baseline_latency_ms"].to_numpy())
     made.append(plots.latency_vs_length(series, out / "latency_vs_length.png"))
     return made

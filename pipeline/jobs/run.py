@@ -51,6 +51,10 @@ class OutputExistsError(ValueError):
     """output.mode is "error" and the output path already holds results."""
 
 
+class EngineError(ValueError):
+    """The job names an engine that cannot run it here (a package missing, a method it lacks)."""
+
+
 @dataclass
 class RunSummary:
     job_name: str
@@ -156,6 +160,22 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
                  logging_level=logging.WARNING, log_to_driver=verbose)
 
 
+def _check_engines(job: JobConfig, points: "Points") -> None:
+    """Engine ct2 (models.engine or report.baseline_engine) needs the ctranslate2 package and runs the
+    plain methods only: a sweep's grid points decode with both models."""
+    from pipeline.decoding.config import PLAIN_METHODS
+    from pipeline.decoding.ct2_engine import available
+
+    wanted = [key for key, engine in (("models.engine", job.models.engine),
+                                      ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]
+    if wanted and not available():
+        raise EngineError(f"{wanted[0]} ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
+    drafting = sorted({config.method for _, config in points if config.method not in PLAIN_METHODS})
+    if job.models.engine == "ct2" and drafting:
+        raise EngineError(f"models.engine ct2 runs methods large and small only; these points use "
+                          f"{', '.join(drafting)} (sweep on the native or onnx engine)")
+
+
 def _check_pair_early(job: JobConfig) -> None:
     """An incompatible pair of local folders stops the job before Ray starts (IncompatiblePairError),
     from the two configs and tokenizers alone. Hub ids, and folders the driver cannot read, are left to
@@ -166,8 +186,8 @@ def _check_pair_early(job: JobConfig) -> None:
     from pipeline.decoding import IncompatiblePairError, check_pair
 
     spec = job.models.to_spec()
-    if not all(Path(name).is_dir() for name in (spec.small, spec.large)):
-        return
+    if spec.engine == "ct2" or not all(Path(name).is_dir() for name in (spec.small, spec.large)):
+        return  # CTranslate2 runs one model alone (perhaps a converted folder, with no pair to check)
     try:
         check_pair(spec.small, spec.large, spec.tokenizer, spec.trust_remote_code)
     except IncompatiblePairError:
@@ -196,6 +216,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> D
         verify_share=job.compute.verify_share,
         baseline=baseline,
         baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
+        baseline_engine=job.report.baseline_engine if baseline else None,
         task=job.task,
     )
 
@@ -250,6 +271,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     job_started = time.time()  # Unix seconds, as the rows' call_started_at
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
+    _check_engines(job, points)
     _check_pair_early(job)  # before anything is read, removed or started
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     if job.output.mode == "error" and output_files(out_fs, out_path):

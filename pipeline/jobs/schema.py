@@ -13,7 +13,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, ENGINES, METHODS, QUANTIZE_NAMES, DecodingConfig, ModelSpec
+from pipeline.decoding.config import (
+    DEFERRALS,
+    DTYPE_NAMES,
+    ENGINES,
+    METHODS,
+    PLAIN_METHODS,
+    QUANTIZE_NAMES,
+    DecodingConfig,
+    ModelSpec,
+)
 
 
 class _Section(BaseModel):
@@ -43,14 +52,25 @@ class ModelsSection(_Section):
         default="auto",
         description="auto/native: our own forward pass where the architecture has one (the T5 and BART "
                     "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's; "
-                    "onnx: the native engine with its decoder step run by onnxruntime (CPU, float32; faster there).")
+                    "onnx: the native engine with its decoder step run by onnxruntime (CPU, float32; faster there); "
+                    "ct2: CTranslate2 (methods large and small: the model decodes alone; converted once per "
+                    "checkpoint into models.ct2_cache; a converted CTranslate2 folder is taken as it is).")
     quantize: Literal[QUANTIZE_NAMES] = Field(
         default="none",
         description="int8: both models' linear layers and output heads in int8 (per-channel weights, per-row "
-                    "activations) where it pays; the native engine on a CPU in float32 only.")
+                    "activations) where it pays; the native engine on a CPU in float32 only; CTranslate2's int8 "
+                    "compute type with engine ct2 (int8_float16 on a GPU).")
+    ct2_cache: str | None = Field(
+        default=None,
+        description="engine ct2: the local folder of converted checkpoints, one per checkpoint content hash "
+                    "(default ~/.cache/bild-pipeline/ct2).")
 
     @model_validator(mode="after")
     def _int8_runs_where_it_can(self):
+        if self.engine == "ct2":
+            if self.dtype == "float64":
+                raise ValueError("models.dtype float64 does not run on CTranslate2 (models.engine ct2)")
+            return self
         if self.engine == "onnx" and (self.device.startswith("cuda") or self.dtype not in ("float32", "auto")):
             raise ValueError(f"models.engine onnx runs on the CPU in float32; models.device is {self.device!r} and "
                              f"models.dtype {self.dtype!r}")
@@ -135,6 +155,10 @@ class ReportSection(_Section):
                     "in the same calls as the job's own (side by side); the report then shows the speedup over "
                     "it, the quality of both and the quality difference with a paired bootstrap interval.")
     baseline_records: int = Field(default=100, ge=1)
+    baseline_engine: Literal[ENGINES] | None = Field(
+        default=None,
+        description="The engine the baseline runs on (default: models.engine), e.g. ct2: the report then "
+                    "compares the job with CTranslate2 running report.baseline on the same actors.")
 
 
 class JobConfig(_Section):
@@ -164,8 +188,22 @@ class JobConfig(_Section):
     def _reference_differs_from_text(self) -> "JobConfig":
         if self.input.reference_column and self.input.reference_column == self.input.text_column:
             raise ValueError("input.reference_column must differ from input.text_column")
-        if self.report.baseline is not None and self.report.baseline == self.decoding.method:
-            raise ValueError("report.baseline must differ from decoding.method")
+        baseline_engine = self.report.baseline_engine or self.models.engine
+        if self.report.baseline is not None and self.report.baseline == self.decoding.method \
+                and baseline_engine == self.models.engine:
+            raise ValueError("report.baseline must differ from decoding.method (or run on another "
+                             "report.baseline_engine)")
+        if self.models.engine == "ct2" and self.decoding.method not in PLAIN_METHODS:
+            raise ValueError(f"models.engine ct2 runs methods {' and '.join(PLAIN_METHODS)} only (CTranslate2's "
+                             f"Python API cannot cut a decoder cache back to verify drafts); decoding.method is "
+                             f"{self.decoding.method!r}")
+        if "ct2" in (self.models.engine, self.report.baseline_engine) and self.decoding.do_sample:
+            from pipeline.decoding.ct2_engine import SAMPLING_UNSUPPORTED
+
+            raise ValueError(SAMPLING_UNSUPPORTED)
+        if baseline_engine == "ct2" and self.report.baseline not in (None, *PLAIN_METHODS):
+            raise ValueError(f"report.baseline_engine ct2 runs report.baseline large or small only; "
+                             f"report.baseline is {self.report.baseline!r}")
         return self
 
     def redacted(self) -> dict:

@@ -41,6 +41,24 @@ def make_job(pair, input_path, output_path, fmt="parquet", **sections) -> JobCon
     return JobConfig.model_validate(data)
 
 
+# Where the decoding-layer invariants do not reach: the same jobs with CTranslate2 running `large`
+# (models.engine ct2: converted once into the session's cache) as with our own engine running `bild`.
+ENGINES = ["native", "ct2"]
+
+
+@pytest.fixture(scope="session")
+def ct2_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ct2-cache"))
+
+
+def engine_job(engine: str, cache: str, pair, input_path, output_path, fmt="parquet", **sections) -> JobConfig:
+    """make_job, with models.engine ct2 and method large where ``engine`` is ct2."""
+    if engine == "ct2":
+        sections["models"] = {**sections.get("models", {}), "engine": "ct2", "ct2_cache": cache}
+        sections["decoding"] = {**sections.get("decoding", {}), "method": "large"}
+    return make_job(pair, input_path, output_path, fmt, **sections)
+
+
 def write_shards(fs_path: str, n_records: int, n_shards: int, storage_options=None):
     fs, base = open_filesystem(fs_path, storage_options)
     fs.makedirs(base, exist_ok=True)
@@ -63,14 +81,16 @@ def assert_one_row_per_id(table: pa.Table, ids: list[str]):
     assert sorted(got) == sorted(ids), "every input id exactly once"
 
 
-def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, capsys):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, capsys, engine, ct2_cache):
     import s3fs
 
     fs = s3fs.S3FileSystem(**s3_server)
-    fs.mkdir("bild-test")
-    ids = write_shards("s3://bild-test/input/", 12, 3, s3_server)
-    job = make_job(saved_tiny_pair, "s3://bild-test/input/", "s3://bild-test/runs/t1",
-                   input={"storage_options": s3_server}, output={"storage_options": s3_server})
+    fs.mkdir(f"bild-test-{engine}")
+    ids = write_shards(f"s3://bild-test-{engine}/input/", 12, 3, s3_server)
+    job = engine_job(engine, ct2_cache, saved_tiny_pair, f"s3://bild-test-{engine}/input/",
+                     f"s3://bild-test-{engine}/runs/t1", input={"storage_options": s3_server},
+                     output={"storage_options": s3_server})
     summary = run_job(job)
     table = output_rows(job)
     assert_one_row_per_id(table, ids)
@@ -84,9 +104,9 @@ def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, ca
                                                            table.column("reference").to_pylist()))
     assert table.column("quality_stats").to_pylist() == found.tolist()
     assert set(table.column("job_name").to_pylist()) == {"test"}
-    assert set(table.column("engine").to_pylist()) == {"native"} and summary.engines == ["native"]  # T5: native
-    manifest = json.loads(fs.cat("bild-test/runs/t1/run.json"))
-    assert manifest["attempts"][-1]["summary"]["engines"] == ["native"]
+    assert set(table.column("engine").to_pylist()) == {engine} and summary.engines == [engine]  # T5: native
+    manifest = json.loads(fs.cat(f"bild-test-{engine}/runs/t1/run.json"))
+    assert manifest["attempts"][-1]["summary"]["engines"] == [engine]
     assert manifest["status"] == "succeeded" and manifest["config_hash"] == job.config_hash()
     assert manifest["versions"]["ray"] and manifest["cluster"]["cpus"] >= 1
     # Secrets never reach the manifest, the summary or the log.
@@ -144,7 +164,8 @@ def test_the_drivers_ids_are_the_records_ids_in_every_format(ray_local, saved_ti
         read_ids(make_job(saved_tiny_pair, empty, tmp_path / "out").input)
 
 
-def test_bad_input_file_completes_with_errors_only_on_bad_rows(ray_local, saved_tiny_pair, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bad_input_file_completes_with_errors_only_on_bad_rows(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
     lines = [
         json.dumps({"id": "good-1", "text": "Ein Hund läuft."}),
         json.dumps({"id": "empty", "text": ""}),
@@ -158,8 +179,8 @@ def test_bad_input_file_completes_with_errors_only_on_bad_rows(ray_local, saved_
     data = "\n".join(lines).encode() + b'\n{"id": "bad-utf8", "text": "caf\xe9 \xff"}\n'
     data += b'{"id": "broken-json", "text": \n'
     (tmp_path / "bad.jsonl").write_bytes(data)
-    job = make_job(saved_tiny_pair, tmp_path / "bad.jsonl", tmp_path / "out", fmt="jsonl",
-                   decoding={"max_input_tokens": 64})
+    job = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "bad.jsonl", tmp_path / "out", fmt="jsonl",
+                     decoding={"max_input_tokens": 64})
     summary = run_job(job)
     table = output_rows(job)
     rows = {row["id"]: row for row in table.to_pylist()}
@@ -194,12 +215,13 @@ def test_missing_column_and_existing_output_are_refused(ray_local, saved_tiny_pa
         run_job(make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "error"}))
 
 
-def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pair, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
     ids = write_shards(str(tmp_path / "in"), 12, 4)
-    first = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"limit": 5})
+    first = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"limit": 5})
     assert run_job(first).decoded_now == 5
     done_first = set(output_rows(first).column("id").to_pylist())
-    rest = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "resume"})
+    rest = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "resume"})
     summary = run_job(rest)
     assert summary.decoded_now == 7 and summary.skipped_existing == 5
     # The summary's BiLD rates are over this run's records only.
@@ -301,15 +323,16 @@ def _raylet_of(pid: int) -> int:
     return parent
 
 
-def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tiny_pair, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
     """SIGKILL this test's own decode actor (the one writing this job's rows, started by this session's
     raylet; other runs' actors on the machine are left alone): every id is still written exactly once."""
     import threading
 
     own_raylets = {process.process.pid for process in ray_local._private.worker._global_node.all_processes["raylet"]}
     ids = write_shards(str(tmp_path / "in"), 48, 8)
-    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 24},
-                   compute={"batch_size": 1}, output={"rows_per_file": 2})
+    job = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out",
+                     decoding={"max_new_tokens": 24}, compute={"batch_size": 1}, output={"rows_per_file": 2})
     outcome: dict = {}
 
     def run():
