@@ -28,8 +28,11 @@ $(VENV)/.installed: pyproject.toml
 
 # The main job: German -> English with BiLD on the shipped Multi30k model pair, offline, then
 # its report (BLEU/chrF against the references, throughput, BiLD behaviour) in runs/demo/report.
+# DEMO_SET: job overrides, e.g. make demo DEMO_SET="--set report.baseline_engine=ct2" (the paired
+# baseline on CTranslate2).
+DEMO_SET ?=
 demo: setup
-	$(VENV)/bin/bild-pipeline run jobs/demo.yaml
+	$(VENV)/bin/bild-pipeline run jobs/demo.yaml $(DEMO_SET)
 	$(VENV)/bin/bild-pipeline report runs/demo --out runs/demo/report
 
 test: setup
