@@ -81,7 +81,7 @@ class CT2Model:
 
     @classmethod
     def convert(cls, model_path: str | Path, out_dir: str | Path, *, threads: int = 1, compute_type: str = "float32",
-                device: str = "cpu") -> CT2Model:
+                device: str = "cpu", tokenizer: str | None = None) -> CT2Model:
         """Convert the checkpoint at `model_path` into `out_dir` (overwritten) and load it.
 
         The weights are kept as saved (no quantization at conversion); `compute_type` decides
@@ -92,19 +92,9 @@ class CT2Model:
         Raises ValueError naming `model_path` if it is not an encoder-decoder model, if CTranslate2
         cannot convert or load it, or if its tokenizer's ids do not round-trip through token strings.
         """
-        model_path = str(model_path)
-        try:
-            if not AutoConfig.from_pretrained(model_path).is_encoder_decoder:
-                raise ValueError("not an encoder-decoder model (CTranslate2's Translator runs those only)")
-            _converter(model_path).convert(str(out_dir), quantization=None, force=True)
-        except Exception as err:  # the converter fails in many ways (ValueError, AttributeError, ...)
-            raise ValueError(f"CTranslate2 cannot convert the model at {model_path}: {err}") from err
-        AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
-        try:
-            GenerationConfig.from_pretrained(model_path).save_pretrained(out_dir)
-        except OSError:
-            pass  # no generation config: nothing is forced
-        return cls.load(out_dir, threads=threads, compute_type=compute_type, device=device, model_path=model_path)
+        convert_folder(model_path, out_dir, tokenizer)
+        return cls.load(out_dir, threads=threads, compute_type=compute_type, device=device, model_path=str(model_path),
+                        tokenizer=tokenizer)
 
     @classmethod
     def load(cls, converted_dir: str | Path, *, threads: int = 1, compute_type: str = "float32", device: str = "cpu",
@@ -229,7 +219,8 @@ def load_checkpoint(name_or_path: str, spec: ModelSpec, threads: int = 1) -> CT2
     if (Path(name_or_path) / "model.bin").is_file():
         folder = Path(name_or_path)
     else:
-        folder = converted_checkpoint(name_or_path, Path(spec.ct2_cache) if spec.ct2_cache else DEFAULT_CACHE)
+        cache = Path(spec.ct2_cache) if spec.ct2_cache else DEFAULT_CACHE
+        folder = converted_checkpoint(name_or_path, cache, spec.tokenizer)
     return CT2Model.load(folder, threads=threads, compute_type=compute_type, device=device, device_index=device_index,
                          tokenizer=spec.tokenizer, model_path=name_or_path)
 
@@ -255,7 +246,7 @@ def _device(device: str) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
-def converted_checkpoint(name_or_path: str, cache: Path) -> Path:
+def converted_checkpoint(name_or_path: str, cache: Path, tokenizer: str | None = None) -> Path:
     """The CTranslate2 folder of a Hugging Face checkpoint, converted once per content and version.
 
     A hub id is resolved to its local snapshot first (downloaded where the hub is reachable)."""
@@ -266,18 +257,37 @@ def converted_checkpoint(name_or_path: str, cache: Path) -> Path:
         from huggingface_hub import snapshot_download
 
         source = Path(snapshot_download(name_or_path))
-    folder = cache / f"{checkpoint_hash(source)}-ct2-{ctranslate2.__version__}"
+    # The vocabulary is part of what is converted: a checkpoint read with another tokenizer is another folder.
+    key = checkpoint_hash(source) + (hashlib.sha256(tokenizer.encode()).hexdigest()[:8] if tokenizer else "")
+    folder = cache / f"{key}-ct2-{ctranslate2.__version__}"
     if (folder / "model.bin").is_file():
         return folder
     cache.mkdir(parents=True, exist_ok=True)
     work = cache / f".{folder.name}.{os.getpid()}.partial"
     shutil.rmtree(work, ignore_errors=True)
-    CT2Model.convert(source, work)
+    convert_folder(source, work, tokenizer)
     try:
         os.rename(work, folder)
     except OSError:  # another actor renamed its copy first: the same content
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def convert_folder(model_path: str | Path, out_dir: str | Path, tokenizer: str | None = None) -> None:
+    """CTranslate2's conversion of a Hugging Face checkpoint into `out_dir` (overwritten), weights as
+    saved, with its tokenizer (`tokenizer`, else the checkpoint's) and generation config beside."""
+    model_path = str(model_path)
+    try:
+        if not AutoConfig.from_pretrained(model_path).is_encoder_decoder:
+            raise ValueError("not an encoder-decoder model (CTranslate2's Translator runs those only)")
+        _converter(model_path, tokenizer).convert(str(out_dir), quantization=None, force=True)
+    except Exception as err:  # the converter fails in many ways (ValueError, AttributeError, ...)
+        raise ValueError(f"CTranslate2 cannot convert the model at {model_path}: {err}") from err
+    for beside, source in ((AutoTokenizer, tokenizer or model_path), (GenerationConfig, model_path)):
+        try:
+            beside.from_pretrained(source).save_pretrained(out_dir)
+        except (OSError, ValueError):
+            pass  # no generation config: nothing is forced (no tokenizer: the converter failed already)
 
 
 def checkpoint_hash(folder: Path) -> str:
@@ -298,8 +308,9 @@ def _forced_bos_id(converted_dir: str | Path) -> int | None:
         return None
 
 
-def _converter(model_path: str):
-    """CTranslate2's TransformersConverter, reading BART checkpoints saved by current transformers too.
+def _converter(model_path: str, tokenizer: str | None = None):
+    """CTranslate2's TransformersConverter, reading BART checkpoints saved by current transformers too,
+    and the vocabulary from `tokenizer` where given (models.tokenizer: a checkpoint without its own).
 
     Its BART loader reads `config.normalize_before`, a key that only checkpoints saved by old
     transformers versions carry (facebook/bart-*: false); BartConfig no longer defines it, so a BART
@@ -313,6 +324,9 @@ def _converter(model_path: str):
             if model.config.model_type == "bart" and not hasattr(model.config, "normalize_before"):
                 model.config.normalize_before = False
             return model
+
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return super().load_tokenizer(tokenizer_class, tokenizer or model_name_or_path, **kwargs)
 
     return Converter(model_path)
 

@@ -214,8 +214,9 @@ class JobConfig(_Section):
         """A short hash of what decides the outputs (input, prompt, models, decoding), secrets excluded."""
         decisive = {key: self.redacted()[key] for key in ("task", "input", "prompt", "models", "decoding")}
         decisive["input"] = {k: v for k, v in decisive["input"].items() if k not in ("limit", "storage_options")}
-        # The engine changes speed, not outputs (tests hold native and HF tokens equal), so it stays out.
-        decisive["models"] = {k: v for k, v in decisive["models"].items() if k != "engine"}
+        # The engine changes speed, not outputs (tests hold native, HF and CTranslate2 tokens equal), so it
+        # stays out, as does where CTranslate2 keeps its conversions.
+        decisive["models"] = {k: v for k, v in decisive["models"].items() if k not in ("engine", "ct2_cache")}
         blob = json.dumps(decisive, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
-from pipeline.decoding.ct2_engine import CT2Generator, CT2Model, checkpoint_hash, converted_checkpoint
+from pipeline.decoding import ct2_engine
+from pipeline.decoding.ct2_engine import CT2Generator, checkpoint_hash, converted_checkpoint
 from pipeline.decoding.scheduler import BatchPolicy
 from pipeline.tiny import save_pair
 from support.pairs import TEXTS
@@ -66,8 +67,8 @@ def test_ct2_int8_runs_ct2s_int8_and_greedy_only(saved_pair, tmp_path):
 def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_are(saved_pair, tmp_path, monkeypatch):
     small, large = saved_pair
     calls = []
-    convert = CT2Model.convert.__func__
-    monkeypatch.setattr(CT2Model, "convert", classmethod(lambda cls, *a, **k: calls.append(a) or convert(cls, *a, **k)))
+    convert = ct2_engine.convert_folder
+    monkeypatch.setattr(ct2_engine, "convert_folder", lambda *a: calls.append(a) or convert(*a))
     folder = converted_checkpoint(large, tmp_path / "cache")
     assert converted_checkpoint(large, tmp_path / "cache") == folder and len(calls) == 1  # once per content
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no partial folder left
@@ -82,6 +83,13 @@ def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_ar
     from_folder = CT2Generator(ModelSpec(small, str(folder), engine="ct2", ct2_cache=str(tmp_path / "unused")), config)
     assert len(calls) == 2 and not (tmp_path / "unused").exists()
     assert _columns(from_folder.generate(TEXTS)) == _columns(from_checkpoint.generate(TEXTS))
+    bare = tmp_path / "weights-only"  # a checkpoint without its tokenizer: models.tokenizer names it
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(f"{large}/{name}", bare)
+    named = CT2Generator(ModelSpec(small, str(bare), tokenizer=large, engine="ct2", ct2_cache=str(tmp_path / "cache")),
+                         config)
+    assert _columns(named.generate(TEXTS)) == _columns(from_checkpoint.generate(TEXTS))
 
 
 def test_ct2_refuses_the_methods_that_verify_drafts(saved_pair, tmp_path):
