@@ -63,3 +63,47 @@ def run_pipeline_bench(small: str, large: str, texts: list[str], workdir: Path, 
         "in_process_records_per_s": records / statistics.median(in_process),
         "pipeline_records_per_s": records / statistics.median(pipeline),
     }
+
+
+def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
+    """A `models.engine: ct2` job through the pipeline against CTranslate2 in-process on the same
+    records, `bench-batch`'s CTranslate2 cell (one `translate_batch` over them all, max_batch_size =
+    compute.batch_size, same threads), alternating in one process: the job's decoding tokens/s over its
+    actors' busy time against in-process tokens/s, per repetition, and whether the texts agree."""
+    from pipeline.decoding.ct2_engine import load_checkpoint
+    from pipeline.decoding.generator import encode_text
+    from pipeline.io.storage import read_ids, read_output_table, read_records
+
+    if job.models.engine != "ct2":
+        raise ValueError(f"bench-pipeline --job compares a models.engine ct2 job; this one's is {job.models.engine}")
+    spec, config = job.models.to_spec(), job.decoding.to_config()
+    threads = max(1, int(job.compute.cpus_per_actor))
+    model = load_checkpoint(getattr(spec, config.method), spec, threads)  # converts into the cache the actors read
+    connect_ray(min_cpus=job.compute.actors * threads + 1)
+    ids = read_ids(job.input).to_pylist()[: job.input.limit]
+    texts = {row["id"]: row["text"] for row in read_records(job.input).take_all()}
+    inputs = [encode_text(model.tokenizer, texts[i], config.max_input_tokens)[0][0].tolist() for i in ids]
+
+    def in_process(_):
+        return model.generate(inputs, config.max_new_tokens, max_batch_size=job.compute.batch_size)
+
+    in_process(0)  # warm-up; each run_job starts its actors afresh, as a job does
+    runs = interleave({"in_process": in_process, "pipeline": lambda _: run_job(job)}, 1, repeats,
+                      torch.device("cpu"), warm_up=False)
+    outputs = runs["in_process"].results[-1][0]
+    tokens = sum(len(tokens) for tokens in outputs)
+    in_process_rates = [tokens / seconds for seconds in runs["in_process"].repetition_seconds()]
+    pipeline_rates = [summary.decoding_tokens_per_second for (summary,) in runs["pipeline"].results]
+    written = read_output_table(job.output.path, job.output.storage_options, columns=["id", "prediction"])
+    predicted = dict(zip(written["id"].to_pylist(), written["prediction"].to_pylist()))
+    same = sum(predicted.get(i) == model.tokenizer.decode(out, skip_special_tokens=True) for i, out in zip(ids, outputs))
+    return {
+        "records": len(ids),
+        "repeats": repeats,
+        "ct2": model.description,
+        "in_process_tokens_per_s": in_process_rates,
+        "pipeline_busy_tokens_per_s": pipeline_rates,
+        "ratios": [p / i for p, i in zip(pipeline_rates, in_process_rates)],
+        "ratio_median": statistics.median(p / i for p, i in zip(pipeline_rates, in_process_rates)),
+        "identical_outputs": same,
+    }

@@ -9,7 +9,7 @@ import json
 import click
 
 from pipeline.cli.models import load_pair
-from pipeline.cli.options import cascade_grid, engine_option, options, quantize_option
+from pipeline.cli.options import cascade_grid, engine_option, options, override_option, quantize_option
 from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 
 
@@ -180,12 +180,33 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
 @click.option("--large", default=None)
 @click.option("--records", type=int, default=512, show_default=True)
 @click.option("--repeats", type=int, default=2, show_default=True)
-def bench_pipeline(small, large, records, repeats):
+@click.option("--job", "job_file", default=None, type=click.Path(exists=True),
+              help="A models.engine ct2 job (e.g. jobs/nightly_ct2.yaml): its busy-time tokens/s through the "
+                   "pipeline against CTranslate2 in-process on its records, alternating.")
+@override_option
+def bench_pipeline(small, large, records, repeats, job_file, overrides):
     """Pipeline overhead: the same records in-process vs through Ray (one actor), ratio printed."""
     import tempfile
     from pathlib import Path
 
-    from pipeline.bench.pipeline_job import run_pipeline_bench
+    from pipeline.bench.pipeline_job import run_ct2_job_bench, run_pipeline_bench
+
+    if job_file:
+        from pipeline.cli.jobs import load_job_or_exit
+
+        job = load_job_or_exit(job_file, overrides)
+        try:
+            result = run_ct2_job_bench(job, repeats)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        rows = zip(result["pipeline_busy_tokens_per_s"], result["in_process_tokens_per_s"], result["ratios"])
+        click.echo(f"records: {result['records']}, repetitions: {result['repeats']} (alternating), CTranslate2 "
+                   f"{result['ct2']}\n| repetition | job: busy-time tokens/s | in-process tokens/s | ratio |\n|---|---|---|---|")
+        for number, (job_rate, own_rate, ratio) in enumerate(rows, start=1):
+            click.echo(f"| {number} | {job_rate:.0f} | {own_rate:.0f} | {ratio:.2f}x |")
+        click.echo(f"median ratio: {result['ratio_median']:.2f}x; outputs identical on {result['identical_outputs']}"
+                   f"/{result['records']} records")
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         if small is None or large is None:

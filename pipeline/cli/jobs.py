@@ -32,7 +32,7 @@ def validate(job_files, overrides):
     sys.exit(2 if bad else 0)
 
 
-def _load_job_or_exit(job_file: str, overrides):
+def load_job_or_exit(job_file: str, overrides):
     """The validated job, or its problems on stderr and exit code 2."""
     from pipeline.jobs import JobFileError, load_job
 
@@ -72,7 +72,7 @@ def run(job_file, overrides, address, as_json, verbose):
     """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
     from pipeline.jobs.run import run_job
 
-    job = _load_job_or_exit(job_file, overrides)
+    job = load_job_or_exit(job_file, overrides)
     summary = _exit_2_on_bad_input(job_file, run_job, job, address=address, verbose=verbose, progress=not as_json)
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
 
@@ -150,7 +150,7 @@ def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, 
     windows = _positive_ints(window, "--window") if window is not None else None
     cascades_by_rule = cascade_grid(cascades)
     lenience_grid = floats(leniences) if leniences is not None else None
-    job = _load_job_or_exit(job_file, overrides)
+    job = load_job_or_exit(job_file, overrides)
     summary, table = _exit_2_on_bad_input(job_file, run_sweep, job, floats(fallback), floats(rollback),
                                           address=address, windows=windows, verbose=verbose, progress=True,
                                           cascades=cascades_by_rule, leniences=lenience_grid)

@@ -90,3 +90,19 @@ def test_bild_reports_against_ctranslate2_running_large_on_the_same_actor(ray_lo
     assert [row["baseline_prediction"] for row in paired] == [r.prediction for r in ours.generate(SENTENCES[:4])]
     assert summary["paired_baseline"]["label"] == "CTranslate2 large"
     assert "bild" in result_line(summary) and "the speed of CTranslate2 large on 4 paired records" in result_line(summary)
+
+
+@pytest.mark.slow
+def test_bench_pipeline_times_a_ct2_job_against_ctranslate2_in_process(ray_local, saved_tiny_pair, tmp_path):
+    """bench-pipeline --job: the job and CTranslate2 in-process alternate; the job's outputs are CTranslate2's."""
+    from pipeline.bench.pipeline_job import run_ct2_job_bench
+
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(6)], "text": SENTENCES, "ref": SENTENCES}),
+                   tmp_path / "in.parquet")
+    job = JobConfig.model_validate(job_data(saved_tiny_pair, tmp_path, models={"engine": "ct2", "quantize": "int8"},
+                                            decoding={"method": "large"}, compute={"batch_size": 4}))
+    result = run_ct2_job_bench(job, repeats=1)
+    assert result["records"] == 6 and result["identical_outputs"] == 6 and "int8" in result["ct2"]
+    assert len(result["ratios"]) == 1 and result["ratios"][0] > 0
+    with pytest.raises(ValueError, match="compares a models.engine ct2 job"):
+        run_ct2_job_bench(JobConfig.model_validate(job_data(saved_tiny_pair, tmp_path)), repeats=1)
