@@ -108,21 +108,23 @@ def _quality_workers(rows: int) -> int:
 SCORABLE = pads.field("error").is_null() & pads.field("prediction").is_valid() & pads.field("reference").is_valid()
 
 
-def run_quality(rows: RunRows, task: str) -> tuple[dict, int]:
-    """(scores, rows scored) of a run's predictions against its references: the statistics its actors
-    wrote (`quality_stats`) summed, and counted here only for rows without them (older runs)."""
+def run_quality(rows: RunRows, task: str, where: pads.Expression | None = None) -> tuple[dict, int]:
+    """(scores, rows scored) of a run's predictions (those matching `where`: a sweep's point) against
+    their references: the statistics its actors wrote (`quality_stats`) summed, and counted here only
+    for rows without them (older runs)."""
     sums = {name: np.zeros(width) for name, width in q.stat_columns(task).items()}
     written = 0
-    uncounted = SCORABLE
+    scorable = SCORABLE if where is None else SCORABLE & where
+    uncounted = scorable
     if "quality_stats" in rows.columns:
         width = sum(q.stat_columns(task).values())
         complete = pc.equal(pc.list_value_length(pads.field("quality_stats")), width)
-        for batch in rows.batches(["quality_stats"], where=SCORABLE & complete):
+        for batch in rows.batches(["quality_stats"], where=scorable & complete):
             matrix = batch["quality_stats"].combine_chunks().flatten().to_numpy().reshape(-1, width)
             for name, values in q.stats_by_metric(task, matrix.sum(0)).items():
                 sums[name] += values
             written += batch.num_rows
-        uncounted = SCORABLE & ~(pads.field("quality_stats").is_valid() & complete)
+        uncounted = scorable & ~(pads.field("quality_stats").is_valid() & complete)
     todo = rows.dataset.count_rows(filter=uncounted)
     counted, counted_rows = _quality_sums(rows.batches(["prediction", "reference", "error"], where=uncounted), task,
                                           workers=_quality_workers(todo))

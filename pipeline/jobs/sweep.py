@@ -12,16 +12,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import yaml
 
 from pipeline.decoding.config import DecodingConfig
-from pipeline.jobs.report import _numeric_table, _row_stats, _scorable, _stat_names, read_run
+from pipeline.jobs.report import _numeric_table, read_run, run_quality
 from pipeline.jobs.run import Points, run_job
 from pipeline.jobs.schema import JobConfig
-from pipeline.metrics import quality as q
 from pipeline.metrics.summary import bild_behaviour
 
 PRIMARY_METRIC = {"translation": "bleu", "summarization": "rougeL"}
@@ -71,24 +69,15 @@ def pareto_flags(points: list[dict], metric: str) -> list[bool]:
 
 def score_points(run_path: str, task: str, storage_options: dict | None = None) -> list[dict]:
     """One row per sweep point: quality, mean latency, speedup over `large`, BiLD rates."""
-    rows = read_run(run_path, storage_options)
-    manifest = rows.manifest
-    names = _stat_names(task)
-    per_batch = []
-    for batch in rows.batches(["prediction", "reference", "error", "point"]):
-        kept = batch.filter(pc.and_(pc.is_null(batch["error"]),
-                                    pc.and_(pc.is_valid(batch["prediction"]), pc.is_valid(batch["reference"]))))
-        stats = _row_stats(_scorable(kept, "prediction", "reference"), task).append_column("point", kept["point"])
-        per_batch.append(stats.group_by("point").aggregate([(name, "sum") for name in names + ["rows"]]))
-    grouped = pa.concat_tables(per_batch).group_by("point").aggregate(
-        [(f"{name}_sum", "sum") for name in names + ["rows"]]).to_pylist() if per_batch else []
+    run = read_run(run_path, storage_options)
+    manifest = run.manifest
+    numeric = _numeric_table(run, extra=("point",))
+    # Each point's quality: the statistics its rows carry (quality_stats), summed, as a report's are.
     quality_by_point = {}
-    for row in grouped:
-        sums = {name: [row[f"{name}_{i}_sum_sum"] for i in range(width)] for name, width in q.stat_columns(task).items()}
-        quality_by_point[row["point"]] = q.corpus_scores(task, {k: np.asarray(v) for k, v in sums.items()},
-                                                         int(row["rows_sum_sum"]))
-
-    numeric = _numeric_table(rows, extra=("point",))
+    for name in sorted(set(numeric["point"].to_pylist()) - {None}):
+        scores, scored = run_quality(run, task, where=pads.field("point") == name)
+        if scored:
+            quality_by_point[name] = scores
     ok = numeric.filter(pc.is_null(numeric["error"]))
     table = []
     for name in (manifest or {}).get("sweep_points", {}) or sorted(set(ok["point"].to_pylist())):
