@@ -61,7 +61,7 @@ class DecodeStage:
         hf_logging.disable_progress_bar()  # one weight-loading bar per actor is noise in any log
         self.spec = spec
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
-        self._pair = None  # loaded by the first pass that decodes with both models' engines
+        self._pairs: dict[str, ModelPair] = {}  # one loaded pair per engine the passes ask for
         self.generators = [(name, self._decoder(spec.models, config)) for name, config in spec.points]
         baseline_models = dataclasses.replace(spec.models, engine=spec.baseline_engine or spec.models.engine)
         self.passes = self.generators + ([(BASELINE, self._decoder(baseline_models, spec.baseline))]
@@ -73,13 +73,13 @@ class DecodeStage:
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
 
     def _decoder(self, models: ModelSpec, config: DecodingConfig):
-        """A Generator over the actor's one model pair, or a CT2Generator where models.engine is ct2;
-        either's engine_kind and quantize are what the output's columns say ran."""
+        """A Generator over the actor's model pair on that engine (loaded once), or a CT2Generator where
+        the engine is ct2; either's engine_kind and quantize are what the output's columns say ran."""
         if models.engine == "ct2":
             return CT2Generator(models, config, threads=max(1, self.spec.torch_threads))
-        if self._pair is None:
-            self._pair = ModelPair.from_spec(models)
-        return Generator(self._pair, config)
+        if models.engine not in self._pairs:
+            self._pairs[models.engine] = ModelPair.from_spec(models)
+        return Generator(self._pairs[models.engine], config)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()

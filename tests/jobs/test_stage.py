@@ -43,3 +43,19 @@ def test_job_compute_keys_map_onto_the_batch_policy():
     assert ComputeSection(batch_size=16, records_per_call=100).records_per_actor_call() == 100
     with pytest.raises(ValueError, match="verify_share"):
         ComputeSection(verify_share=0)
+
+
+def test_a_baseline_on_another_engine_runs_on_that_engine(saved_tiny_pair):
+    """report.baseline_engine hf beside a native job: the baseline pass gets a pair of its own on the Hugging
+    Face engine (the rows say so), and greedy `large` gives the same texts on both."""
+    small, large = saved_tiny_pair
+    records = pa.table({"id": ["a", "b"], "text": INPUTS[:2], "reference": ["x", "y"], "input_error": [None, None]})
+    large_config = DecodingConfig(method="large", max_new_tokens=MAX_NEW)
+    spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu", engine="native"),
+                           points=(("large", large_config),), prompt=None, job_name="t", config_hash="h",
+                           baseline=large_config, baseline_ids=frozenset(["a", "b"]), baseline_engine="hf")
+    stage = DecodeStage(spec)
+    rows = stage(records).to_pylist()
+    assert [row["engine"] for row in rows] == ["native"] * 2 and [row["baseline_engine"] for row in rows] == ["hf"] * 2
+    assert sorted(stage._pairs) == ["hf", "native"]
+    assert [row["baseline_prediction"] for row in rows] == [row["prediction"] for row in rows]
