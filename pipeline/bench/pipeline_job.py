@@ -72,7 +72,7 @@ def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
     actors' busy time against in-process tokens/s, per repetition, and whether the texts agree."""
     from pipeline.decoding.ct2_engine import load_checkpoint
     from pipeline.decoding.generator import encode_text
-    from pipeline.io.storage import read_ids, read_output_table, read_records
+    from pipeline.io.storage import input_files, read_ids, read_output_table, read_records
 
     if job.models.engine != "ct2":
         raise ValueError(f"bench-pipeline --job compares a models.engine ct2 job; this one's is {job.models.engine}")
@@ -80,8 +80,9 @@ def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
     threads = max(1, int(job.compute.cpus_per_actor))
     model = load_checkpoint(getattr(spec, config.method), spec, threads)  # converts into the cache the actors read
     connect_ray(min_cpus=job.compute.actors * threads + 1)
-    ids = read_ids(job.input).to_pylist()[: job.input.limit]
-    texts = {row["id"]: row["text"] for row in read_records(job.input).take_all()}
+    listing = input_files(job.input)
+    ids = read_ids(job.input, listing).to_pylist()[: job.input.limit]
+    texts = {row["id"]: row["text"] for row in read_records(job.input, listing).take_all()}
     inputs = [encode_text(model.tokenizer, texts[i], config.max_input_tokens)[0][0].tolist() for i in ids]
 
     def in_process(_):

@@ -63,8 +63,8 @@ def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
 def input_files(input_config) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """(filesystem, the input's files): the file input.path names, or every file below that folder with
     its format's extension, except those whose path inside it starts with "." or "_", sorted — the
-    files Ray Data would read there. The ids (read_ids) and the records (read_records) both come from
-    this one list."""
+    files Ray Data would read there. A job lists them once and hands the list to both read_ids and
+    read_records, so a file that lands in between is in neither."""
     cfg = input_config
     fs, path = open_filesystem(cfg.path, cfg.storage_options)
     if not fs.exists(path):
@@ -83,12 +83,13 @@ def input_files(input_config) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     return fs, files
 
 
-def read_records(input_config):
-    """The job's input as a Ray dataset (ray.data.Dataset) in the normal form of ``records.py``."""
+def read_records(input_config, listing: tuple[fsspec.AbstractFileSystem, list[str]] | None = None):
+    """The job's input as a Ray dataset (ray.data.Dataset) in the normal form of ``records.py``;
+    ``listing``: input_files' answer where the caller has it (the ids are read from the same one)."""
     import ray.data
 
     cfg = input_config
-    fs, files = input_files(cfg)
+    fs, files = listing or input_files(cfg)
     filesystem = arrow_filesystem(fs)
     columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
 
@@ -120,11 +121,12 @@ def _csv_options(cfg, columns, include: list[str] | None = None):
     return pacsv.ConvertOptions(column_types=as_text, strings_can_be_null=False, include_columns=include)
 
 
-def read_ids(input_config) -> pa.Array:
+def read_ids(input_config, listing: tuple[fsspec.AbstractFileSystem, list[str]] | None = None) -> pa.Array:
     """The input's ids in input order, read on the driver (no Ray): only the id column of Parquet and
-    CSV files; JSONL lines are parsed whole, as the records are. Fails fast on a missing or repeated id."""
+    CSV files; JSONL lines are parsed whole, as the records are. Fails fast on a missing or repeated id.
+    ``listing`` as for read_records."""
     cfg = input_config
-    fs, files = input_files(cfg)
+    fs, files = listing or input_files(cfg)
     columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
     values: list[str | None] = []
     for file in files:

@@ -320,7 +320,7 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
 
 def render_paired(paired: dict, method: str | None) -> str:
     """The report's section on report.baseline's paired records."""
-    baseline = paired.get("label", paired["method"])
+    baseline = paired["label"]
     lines = [f"## Against `{baseline}` on {paired['records']} paired records", "",
              f"Each of these records was decoded by `{method}` and by `{baseline}` side by side on the same "
              f"actor (report.baseline); the baseline rows are not part of the run's output.", "",
@@ -342,7 +342,7 @@ def result_line(summary: dict) -> str:
     line = f"{records['total']} records, {records['errors']} errors, {quality or 'no references'}"
     paired = summary.get("paired_baseline")
     if paired:
-        baseline = paired.get("label", paired["method"])
+        baseline = paired["label"]
         line += f"; {summary.get('method')} {paired['latency_speedup']:.2f}x the speed of {baseline}"
         first = next(iter(paired.get("quality", {}).items()), None)
         if first:
@@ -393,7 +393,7 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     paired = summary.get("paired_baseline")
     if paired and "baseline_latency_ms" in ok.column_names:
         both = ok.filter(pc.and_(pc.is_valid(ok["baseline_latency_ms"]), pc.is_null(ok["baseline_error"])))
-        series[f"{paired.get('label', paired['method'])} (paired baseline)"] = (both["baseline_output_tokens"].to_numpy(),
+        series[f"{paired['label']} (paired baseline)"] = (both["baseline_output_tokens"].to_numpy(),
                                                             both["baseline_latency_ms"].to_numpy())
     made.append(plots.latency_vs_length(series, out / "latency_vs_length.png"))
     return made

@@ -27,6 +27,7 @@ from pipeline.io.storage import (
     arrow_filesystem,
     data_path,
     existing_rows,
+    input_files,
     output_filesystem,
     output_files,
     read_manifest,
@@ -280,8 +281,9 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
         out_fs.rm(out_path, recursive=True)
 
     connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
-    records = read_records(job.input)  # lazy: Ray Data reads it while the actors decode
-    all_ids = read_ids(job.input)
+    listing = input_files(job.input)  # one listing: the ids are those of the records decoded
+    records = read_records(job.input, listing)  # lazy: Ray Data reads it while the actors decode
+    all_ids = read_ids(job.input, listing)
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
     if job.output.mode == "resume":
         todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None)
