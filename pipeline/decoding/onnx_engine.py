@@ -9,10 +9,10 @@ token.
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
 layer: keys as [L, slots, H, dk, C], values as [L, slots, H, C, dk] (a layer's block of one slot,
-or of a span of slots, is one contiguous piece). The step puts the fed positions' keys and values
-at their places in a copy of each layer's cache, attends over every position with the causal mask
-(``self_bias``), and returns them, to be written into the cache here; so a rollback is only a
-shorter length, as in the native engine.
+or of a span of slots, is one contiguous piece). The step writes the fed positions' keys and
+values at their places in each layer's cache, in place (the same memory is bound as the input and as
+the updated output), and attends over every position with the causal mask (``self_bias``); so
+nothing is copied per step and a rollback is only a shorter length, as in the native engine.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 import torch
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
@@ -69,6 +70,7 @@ class OnnxEngine(Engine):
             raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
         super().__init__(slots, weights.device)
         self.weights, self.session = weights, session
+        self.vocab = weights.head.weight.shape[1]  # the logits' width
         w = weights
         self.capacity, self.sources = 0, 0
         keys, values = (w.layer_count, slots, w.heads, w.d_kv, 0), (w.layer_count, slots, w.heads, 0, w.d_kv)
@@ -129,33 +131,43 @@ class OnnxEngine(Engine):
 
     @torch.inference_mode()
     def _forward(self, feed: Feed) -> torch.Tensor:
+        from onnxruntime import OrtValue
+
         rows, width = feed.tokens.shape
-        self._reserve(max(feed.positions) + width)
         read, where, attended = self._rows_read(feed)
-        tokens = torch.zeros((attended, width), dtype=torch.long)  # idle slots of a span feed token 0 ...
-        positions = [0] * attended  # ... at position 0: any valid input; their outputs are never read
-        for r, a in enumerate(where):
-            tokens[a], positions[a] = feed.tokens[r], feed.positions[r]
-        steps = torch.tensor(positions)[:, None] + torch.arange(width)  # [A, W]
-        hidden = self.weights.embed(tokens, steps).view(attended, width, -1)
+        positions = self._idle_positions(read, attended)  # idle slots of a span feed at their own length ...
+        if where == list(range(rows)):
+            tokens = feed.tokens
+        else:
+            tokens = torch.zeros((attended, width), dtype=torch.long)  # ... token 0: past what they hold
+            for r, a in enumerate(where):
+                tokens[a], positions[a] = feed.tokens[r], feed.positions[r]
+        self._reserve(max(positions) + width)
+        steps = np.add.outer(np.asarray(positions, dtype=np.int64), np.arange(width))  # [A, W]
+        hidden = self.weights.embed(tokens, torch.from_numpy(steps)).view(attended, width, -1)
         binding = self._binding(read)
-        heads, d_kv = self.weights.heads, self.weights.d_kv
         small_inputs = {
             "hidden": hidden.numpy(),
             "self_bias": self._self_bias(steps).numpy(),
-            "cross_bias": self._rows(self.cross_bias, read)[:, None, None, :].numpy(),
-            "key_index": steps[:, None, None, :].expand(-1, heads, d_kv, -1).contiguous().numpy(),  # [A, H, dk, W]
-            "value_index": steps[:, None, :, None].expand(-1, heads, -1, d_kv).contiguous().numpy(),  # [A, H, W, dk]
-            "read": self._read_index(feed, where).numpy(),
+            "steps": steps,
+            "read": self._read_index(feed, where),
         }
         for name, array in small_inputs.items():
             binding.bind_cpu_input(name, array)
-        for name in ("logits", "new_k", "new_v"):  # fresh each call: their shapes change with the feed
-            binding.bind_output(name, "cpu")
+        logits = np.empty((len(small_inputs["read"]), self.vocab), dtype=np.float32)  # new each call: returned
+        binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(binding)
-        logits, new_k, new_v = (torch.from_numpy(value.numpy()) for value in binding.get_outputs())
-        self._write(feed, where, new_k, new_v)
+        logits = torch.from_numpy(logits)
+        if not isinstance(read, slice):
+            self._write_back(feed, binding.caches)
         return place_logits(logits, self._placement(feed), feed)
+
+    def _idle_positions(self, read: slice | list[int], attended: int) -> list[int]:
+        """Where each slot the step runs over would feed next, its own length: an idle slot's keys and
+        values land past what it holds, where nothing reads them before they are overwritten."""
+        if isinstance(read, slice):
+            return self.lengths[read.start : read.start + attended]
+        return [self.lengths[slot] for slot in read]
 
     def _rows_read(self, feed: Feed) -> tuple[slice | list[int], list[int], int]:
         """The slots the step runs over, where each fed row sits among them, and how many there are:
@@ -168,20 +180,29 @@ class OnnxEngine(Engine):
 
     def _binding(self, read: slice | list[int]):
         """An onnxruntime IOBinding with every layer's cache of the slots ``read`` bound as the step's
-        inputs. For a span of slots the caches are bound as views of the engine's tensors, and the
-        binding is kept while they keep their storage (so a step at batch 1 binds only its four small
-        inputs and its outputs)."""
+        inputs and, for the self-attention caches, as the outputs they are updated into: the same
+        memory, so the step writes the fed positions in place (onnx_graph: ``_scattered``). For a span
+        of slots the caches are bound as views of the engine's tensors, and the binding is kept while
+        they keep their storage (so a step at batch 1 binds only its small inputs and its logits);
+        other slots are gathered into copies, written back after the step (``_write_back``)."""
         key = (read.start, read.stop, self.capacity, self.sources) if isinstance(read, slice) else None
         if key is not None and key in self._bindings:
             return self._bindings[key]
         from onnxruntime import OrtValue
 
+        from pipeline.decoding.onnx_graph import StepGraph
+
         binding = self.session.io_binding()
-        caches = []  # the arrays the bound values point into: kept alive with the binding
+        caches = {}  # name -> the arrays the bound values point into: kept alive with the binding
         for name in ("self_k", "self_v", "cross_k", "cross_v"):
-            for layer, cache in enumerate(getattr(self, name)):
-                caches.append(self._rows(cache, read).numpy())
-                binding.bind_ortvalue_input(f"{name}.{layer}", OrtValue.ortvalue_from_numpy(caches[-1]))
+            caches[name] = [self._rows(cache, read).numpy() for cache in getattr(self, name)]
+            for layer, array in enumerate(caches[name]):
+                value = OrtValue.ortvalue_from_numpy(array)
+                binding.bind_ortvalue_input(f"{name}.{layer}", value)
+                if name in ("self_k", "self_v"):
+                    binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
+        caches["cross_bias"] = self._rows(self.cross_bias, read)[:, None, None, :].numpy()  # admission writes it in place
+        binding.bind_cpu_input("cross_bias", caches["cross_bias"])
         binding.caches = caches
         if key is not None:
             if key[2:] != self._bindings_storage:  # the caches grew: bindings to the old ones are stale
@@ -194,23 +215,23 @@ class OnnxEngine(Engine):
         """The slots ``read`` of a cache: a view of one contiguous block, or a gathered copy."""
         return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
 
-    def _self_bias(self, steps: torch.Tensor) -> torch.Tensor:
+    def _self_bias(self, steps: np.ndarray) -> torch.Tensor:
         """[A, Hb, W + 1, C]: what each fed query at ``steps`` [A, W] adds to its score over the key at
         each cache position (T5's relative position bias; -inf after the query: the causal mask, which
         also hides what a rollback left behind), and the first query's again."""
         if steps.shape == (1, 1):  # one row, one token (a step at batch 1): a precomputed slice
             if self._one_token_bias is None:
                 self._one_token_bias = self.table.transpose(0, 1)[:, :, None, :].expand(-1, -1, 2, -1).contiguous()
-            return self._one_token_bias[int(steps)][None]  # [1, Hb, 2, C]
-        steps = torch.cat([steps, steps[:, :1]], dim=1)  # the first query repeated (onnx_graph: _attention)
-        return self.table[:, steps].transpose(0, 1).contiguous()  # [A, Hb, W + 1, C]
+            return self._one_token_bias[int(steps[0, 0])][None]  # [1, Hb, 2, C]
+        queries = torch.from_numpy(np.concatenate([steps, steps[:, :1]], axis=1))  # the first query repeated (onnx_graph: _attention)
+        return self.table[:, queries].transpose(0, 1).contiguous()  # [A, Hb, W + 1, C]
 
     @staticmethod
-    def _read_index(feed: Feed, where: list[int]) -> torch.Tensor:
+    def _read_index(feed: Feed, where: list[int]) -> np.ndarray:
         """[n]: the flat positions a * W + i whose logits are read, row by row, last ones of each row."""
         width = feed.width
-        return torch.tensor([where[r] * width + i for r, (count, read) in enumerate(zip(feed.counts, feed.reads))
-                             for i in range(count - read, count)])
+        return np.array([where[r] * width + i for r, (count, read) in enumerate(zip(feed.counts, feed.reads))
+                         for i in range(count - read, count)], dtype=np.int64)
 
     @staticmethod
     def _placement(feed: Feed) -> torch.Tensor | None:
@@ -220,19 +241,16 @@ class OnnxEngine(Engine):
             return None
         return torch.tensor([r * most + i for r, read in enumerate(feed.reads) for i in range(read)])
 
-    def _write(self, feed: Feed, where: list[int], new_k: torch.Tensor, new_v: torch.Tensor) -> None:
-        """The fed positions' keys [A, L, H, dk, W] and values [A, L, H, W, dk] into the rows' slots."""
-        width = feed.width
-        if len(feed.slots) == 1:
-            slot, position = feed.slots[0], feed.positions[0]
-            self.self_k[:, slot, ..., position : position + width] = new_k[where[0]]
-            self.self_v[:, slot, :, position : position + width] = new_v[where[0]]
-            return
-        slots = torch.tensor(feed.slots)[:, None]  # [R, 1]
-        steps = torch.tensor(feed.positions)[:, None] + torch.arange(width)  # [R, W]
-        fed = torch.tensor(where)
-        self.self_k[:, slots, :, :, steps] = new_k[fed].permute(0, 4, 1, 2, 3)  # [R, W, L, H, dk]
-        self.self_v[:, slots, :, steps] = new_v[fed].permute(0, 3, 1, 2, 4)
+    def _write_back(self, feed: Feed, gathered: dict) -> None:
+        """The fed positions' keys and values from the gathered copies (rows in ``feed``'s order) into
+        the engine's cache."""
+        rows = torch.arange(len(feed.slots))[:, None]  # [R, 1]
+        slots = torch.tensor(feed.slots)[:, None]
+        steps = torch.tensor(feed.positions)[:, None] + torch.arange(feed.width)  # [R, W]
+        for layer in range(self.weights.layer_count):
+            keys, values = (torch.from_numpy(gathered[name][layer]) for name in ("self_k", "self_v"))
+            self.self_k[layer, slots, :, :, steps] = keys[rows, :, :, steps]  # [R, W, H, dk]
+            self.self_v[layer, slots, :, steps] = values[rows, :, steps]
 
 
 def _grown(cache: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:

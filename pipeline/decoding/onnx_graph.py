@@ -15,15 +15,15 @@ The step's inputs and outputs (A rows of W positions, C cache positions, S sourc
 |---|---|---|
 | hidden | [A, W, d] | the embedded tokens (embedding and positions in torch: one or two ops) |
 | self_k.l, self_v.l | [A, H, dk, C], [A, H, C, dk] | layer l's cache of the rows, handed over in place |
-| key_index, value_index | [A, H, dk, W], [A, H, W, dk] | each fed position's place in the cache |
+| steps | [A, W] | each fed position's place in the cache (its absolute position) |
 | self_bias | [A, Hb, W + 1, C] | added to q.k at each key position (-inf: after the query); the last row
 repeats the first (see ``_attention``) |
 | cross_k.l, cross_v.l | [A, H, dk, S], [A, H, S, dk] | layer l's cross-attention keys and values |
 | cross_bias | [A, 1, 1, S] | -inf past each row's source |
 | read | [n] | the flat positions (a * W + i) whose logits are read |
 | logits | [n, V] | output |
-| new_k, new_v | [A, L, H, dk, W], [A, L, H, W, dk] | output: the fed positions' keys and values,
-which the engine writes into its cache |
+| self_k.l.updated, self_v.l.updated | as self_k.l, self_v.l | output: the cache with the fed positions'
+keys and values written in; bound to the input's own memory, so written in place |
 
 int8 (``quantize="int8"``): each matrix is one MatMulNBits op (8 bits): weights symmetric in blocks
 of 32 inputs per output column (scale max |w| / 127), activations quantized to int8 at run time by
@@ -59,8 +59,7 @@ class StepGraph:
         self.nodes: list = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
-        self._new_k: list[str] = []  # per layer: [A, 1, H, dk, W]
-        self._new_v: list[str] = []  # per layer: [A, 1, H, W, dk]
+        self._indices: tuple[str, str] | None = None  # _cache_indices
 
     # --- building blocks --------------------------------------------------------------------------
 
@@ -178,21 +177,45 @@ class StepGraph:
 
     def self_attention(self, layer: int, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
         """Causal self-attention of the fed positions: hidden [A, W, d] @ [d, 3 * inner] gives q, k, v;
-        k and v are put at their positions in (a copy of) the layer's cache, attended over, and go
-        out as new_k, new_v for the engine to write into its own."""
+        k and v are written at their positions into the layer's cache (in place: ``_scattered``) and
+        attended over with the rest of it."""
         qkv = self.op("Reshape", self.matmul(hidden, matrix, bias),
                       self.constant([0, 0, 3, self.heads, self.d_kv], np.int64, name="shape"))  # [A, W, 3, H, dk]
         parts = self.op("Transpose", qkv, perm=[2, 0, 3, 1, 4])  # [3, A, H, W, dk]
         query, key, value = self._fresh("query"), self._fresh("key"), self._fresh("value")
         self.nodes.append(helper.make_node("Split", [parts], [query, key, value], axis=0))
-        zero, one = self.constant([0], np.int64, name="axis"), self.constant([1], np.int64, name="axis")
+        zero = self.constant([0], np.int64, name="axis")
         query, value = self.op("Squeeze", query, zero), self.op("Squeeze", value, zero)  # [A, H, W, dk]
         key_t = self.op("Transpose", self.op("Squeeze", key, zero), perm=[0, 1, 3, 2])  # [A, H, dk, W]
-        self._new_k.append(self.op("Unsqueeze", key_t, one))
-        self._new_v.append(self.op("Unsqueeze", value, one))
-        keys_t = self.op("ScatterElements", self._layer_of("self_k", layer), "key_index", key_t, axis=3)  # [A, H, dk, C]
-        values = self.op("ScatterElements", self._layer_of("self_v", layer), "value_index", value, axis=2)  # [A, H, C, dk]
+        key_index, value_index = self._cache_indices()
+        keys_t = self._scattered("self_k", layer, key_index, key_t, axis=3)  # [A, H, dk, C]
+        values = self._scattered("self_v", layer, value_index, value, axis=2)  # [A, H, C, dk]
         return self._attention(query, keys_t, values, "self_bias", scale)
+
+    def _cache_indices(self) -> tuple[str, str]:
+        """Each fed position's place in a layer's keys [A, H, dk, W] and values [A, H, W, dk], from
+        ``steps`` [A, W]; built once, shared by every layer."""
+        if self._indices is None:
+            H, dk = self.heads, self.d_kv
+            keys = self.op("Unsqueeze", "steps", self.constant([1, 2], np.int64, name="axes"))  # [A, 1, 1, W]
+            values = self.op("Unsqueeze", "steps", self.constant([1, 3], np.int64, name="axes"))  # [A, 1, W, 1]
+            self._indices = (self.op("Expand", keys, self.constant([1, H, dk, 1], np.int64, name="shape")),
+                             self.op("Expand", values, self.constant([1, H, 1, dk], np.int64, name="shape")))
+        return self._indices
+
+    def _scattered(self, cache: str, layer: int, index: str, update: str, axis: int) -> str:
+        """The layer's cache with ``update`` at the positions ``index`` holds: a graph output that the
+        engine binds to the very buffer it passed in, so onnxruntime's ScatterElements writes the fed
+        positions in place (it copies its input only when input and output are different memory)."""
+        output = self.updated(self._layer_of(cache, layer))
+        self.nodes.append(helper.make_node("ScatterElements", [self._layer_of(cache, layer), index, update], [output],
+                                           axis=axis))
+        return output
+
+    @staticmethod
+    def updated(cache_input: str) -> str:
+        """The name of the output that is the cache input ``cache_input`` updated in place."""
+        return f"{cache_input}.updated"
 
     def cross_attention(self, layer: int, query: str, scale: float = 1.0) -> str:
         """Attention over the rows' encoder outputs; query [A, W, inner] -> [A, W, inner]."""
@@ -208,9 +231,7 @@ class StepGraph:
     # --- the model --------------------------------------------------------------------------------
 
     def model(self, logits: str) -> onnx.ModelProto:
-        """The finished step: ``logits`` [n, V] and every layer's new keys and values as outputs."""
-        self.nodes.append(helper.make_node("Concat", self._new_k, ["new_k"], axis=1))
-        self.nodes.append(helper.make_node("Concat", self._new_v, ["new_v"], axis=1))
+        """The finished step: ``logits`` [n, V] and every layer's self-attention cache, updated, as outputs."""
         self.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
         floats = TensorProto.FLOAT
         L, H, dk = self.layers, self.heads, self.d_kv
@@ -220,16 +241,15 @@ class StepGraph:
             helper.make_tensor_value_info("hidden", floats, ["A", "W", self.d_model]),
             helper.make_tensor_value_info("self_bias", floats, ["A", "Hb", "W1", "C"]),
             helper.make_tensor_value_info("cross_bias", floats, ["A", 1, 1, "S"]),
-            helper.make_tensor_value_info("key_index", TensorProto.INT64, ["A", H, dk, "W"]),
-            helper.make_tensor_value_info("value_index", TensorProto.INT64, ["A", H, "W", dk]),
+            helper.make_tensor_value_info("steps", TensorProto.INT64, ["A", "W"]),
             helper.make_tensor_value_info("read", TensorProto.INT64, ["n"]),
             *(helper.make_tensor_value_info(self._layer_of(cache, layer), floats, shape)
               for cache, shape in caches.items() for layer in range(L)),
         ]
         outputs = [
             helper.make_tensor_value_info("logits", floats, ["n", "V"]),
-            helper.make_tensor_value_info("new_k", floats, ["A", L, H, dk, "W"]),
-            helper.make_tensor_value_info("new_v", floats, ["A", L, H, "W", dk]),
+            *(helper.make_tensor_value_info(self.updated(self._layer_of(cache, layer)), floats, caches[cache])
+              for cache in ("self_k", "self_v") for layer in range(L)),
         ]
         initializers = [numpy_helper.from_array(value, name) for name, value in self.initializers.items()]
         graph = helper.make_graph(self.nodes, "decoder_step", inputs, outputs, initializers)
