@@ -71,6 +71,9 @@ class OnnxEngine(Engine):
         super().__init__(slots, weights.device)
         self.weights, self.session = weights, session
         self.vocab = weights.head.weight.shape[1]  # the logits' width
+        from onnxruntime import OrtValue  # here, not at the top: a machine without onnxruntime runs the other engines
+
+        self._ort_value = OrtValue
         w = weights
         self.capacity, self.sources = 0, 0
         keys, values = (w.layer_count, slots, w.heads, w.d_kv, 0), (w.layer_count, slots, w.heads, 0, w.d_kv)
@@ -131,8 +134,6 @@ class OnnxEngine(Engine):
 
     @torch.inference_mode()
     def _forward(self, feed: Feed) -> torch.Tensor:
-        from onnxruntime import OrtValue
-
         rows, width = feed.tokens.shape
         read, where, attended = self._rows_read(feed)
         positions = self._idle_positions(read, attended)  # idle slots of a span feed at their own length ...
@@ -140,8 +141,8 @@ class OnnxEngine(Engine):
             tokens = feed.tokens
         else:
             tokens = torch.zeros((attended, width), dtype=torch.long)  # ... token 0: past what they hold
-            for r, a in enumerate(where):
-                tokens[a], positions[a] = feed.tokens[r], feed.positions[r]
+            for r, a in enumerate(where):  # (a fed row's length is its position: Engine.forward checks)
+                tokens[a] = feed.tokens[r]
         self._reserve(max(positions) + width)
         steps = np.add.outer(np.asarray(positions, dtype=np.int64), np.arange(width))  # [A, W]
         hidden = self.weights.embed(tokens, torch.from_numpy(steps)).view(attended, width, -1)
@@ -155,7 +156,7 @@ class OnnxEngine(Engine):
         for name, array in small_inputs.items():
             binding.bind_cpu_input(name, array)
         logits = np.empty((len(small_inputs["read"]), self.vocab), dtype=np.float32)  # new each call: returned
-        binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
+        binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(binding)
         logits = torch.from_numpy(logits)
         if not isinstance(read, slice):
@@ -188,8 +189,6 @@ class OnnxEngine(Engine):
         key = (read.start, read.stop, self.capacity, self.sources) if isinstance(read, slice) else None
         if key is not None and key in self._bindings:
             return self._bindings[key]
-        from onnxruntime import OrtValue
-
         from pipeline.decoding.onnx_graph import StepGraph
 
         binding = self.session.io_binding()
@@ -197,7 +196,7 @@ class OnnxEngine(Engine):
         for name in ("self_k", "self_v", "cross_k", "cross_v"):
             caches[name] = [self._rows(cache, read).numpy() for cache in getattr(self, name)]
             for layer, array in enumerate(caches[name]):
-                value = OrtValue.ortvalue_from_numpy(array)
+                value = self._ort_value.ortvalue_from_numpy(array)
                 binding.bind_ortvalue_input(f"{name}.{layer}", value)
                 if name in ("self_k", "self_v"):
                     binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
