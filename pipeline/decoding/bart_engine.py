@@ -45,6 +45,11 @@ FAMILIES = {
 }
 
 
+def head_size(config) -> int:
+    """The width of one attention head."""
+    return config.d_model // config.decoder_attention_heads
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why BartWeights cannot run ``model``, or None when it can."""
     name = type(model).__name__
@@ -81,6 +86,8 @@ class _Layer:
 class BartWeights(NativeWeights):
     """A BART-family checkpoint's weights, laid out once for decoding (shared by every engine of a model)."""
 
+    position_bias = False  # positions are in the embeddings; self_mask is only causal
+
     @torch.no_grad()
     def __init__(self, model: PreTrainedModel, quantize: str = "none"):
         super().__init__(model, unsupported_reason(model), quantize)
@@ -89,7 +96,7 @@ class BartWeights(NativeWeights):
         self.d_model = config.d_model
         self.heads = config.decoder_attention_heads
         self.encoder_heads = config.encoder_attention_heads
-        self.d_kv = self.d_model // self.heads
+        self.d_kv = head_size(config)
         self.attention_scale = self.d_kv**-0.5
         self.embed_scale = math.sqrt(self.d_model) if config.scale_embedding else 1.0
         self.act_name = config.activation_function

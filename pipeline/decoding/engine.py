@@ -187,12 +187,13 @@ def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -
     return out.view(rows, most, -1)
 
 
-def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
+def engine_kind(requested: str, reasons: dict[str, str | None], onnx_reasons: dict[str, str | None] | None = None) -> str:
     """The engine a pair runs on: "native" (or "onnx", when asked for) where every model of it has
     one, else "hf".
 
     ``reasons`` maps a role ("small", "large") to why the native engine (and so the onnx one, which
-    uses its weights) cannot run that model, or None. A fallback to "hf" is logged once; the output
+    uses its weights) cannot run that model, or None; ``onnx_reasons`` to why the onnx engine cannot
+    where the native one can (it then runs the native one). A fallback is logged once; the output
     is never wrong, only slower.
     """
     if requested not in PAIR_ENGINES:
@@ -200,8 +201,17 @@ def engine_kind(requested: str, reasons: dict[str, str | None]) -> str:
     if requested == "hf":
         return "hf"
     missing = {role: reason for role, reason in reasons.items() if reason}
-    if not missing:
-        return "onnx" if requested == "onnx" else "native"
-    why = "; ".join(f"{role}: {reason}" for role, reason in missing.items())
-    log.warning("engine %s: running on the Hugging Face engine (%s)", requested, why)
-    return "hf"
+    if missing:
+        log.warning("engine %s: running on the Hugging Face engine (%s)", requested, _why(missing))
+        return "hf"
+    if requested != "onnx":
+        return "native"
+    missing = {role: reason for role, reason in (onnx_reasons or {}).items() if reason}
+    if missing:
+        log.warning("engine onnx: running on the native engine (%s)", _why(missing))
+        return "native"
+    return "onnx"
+
+
+def _why(reasons: dict[str, str]) -> str:
+    return "; ".join(f"{role}: {reason}" for role, reason in reasons.items())

@@ -111,7 +111,8 @@ class ModelPair:
         # then one encoder pass serves both decoders.
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
         reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
-        self.engine_kind = engine_kind(self.engine_request, reasons)
+        onnx_reasons = {"small": onnx_unsupported_reason(self.small), "large": onnx_unsupported_reason(self.large)}
+        self.engine_kind = engine_kind(self.engine_request, reasons, onnx_reasons)
         if self.quantize != "none" and (self.engine_kind not in ("native", "onnx") or self.device.type != "cpu"):
             raise ValueError(f"models.quantize {self.quantize} runs on the native engine on a CPU; this pair runs on "
                              f"the {self.engine_kind} engine on {self.device.type}")
@@ -191,6 +192,14 @@ def native_unsupported_reason(model: PreTrainedModel) -> str | None:
     if any(family.unsupported_reason(model) is None for family, _ in NATIVE_FAMILIES):
         return None
     return f"no native engine for {type(model).__name__} ({model.config.model_type})"
+
+
+def onnx_unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why the onnx engine cannot run ``model`` where the native engine can (None when it can)."""
+    for family, _ in NATIVE_FAMILIES:
+        if family.unsupported_reason(model) is None:
+            return onnx_engine.unsupported_reason(family.head_size(model.config))
+    return None
 
 
 def native_weights(model: PreTrainedModel, quantize: str = "none") -> NativeWeights:

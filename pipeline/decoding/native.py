@@ -39,6 +39,7 @@ class NativeWeights(ABC):
     d_kv: int
     layer_count: int  # decoder layers
     attention_scale: float  # on q.k: 1.0 for T5, d_kv ** -0.5 for BART-like models
+    position_bias: bool  # whether self_mask adds more than the causal mask (T5's relative position bias)
 
     def __init__(self, model, unsupported: str | None, quantize: str = "none"):
         """``unsupported``: the family's reason not to run ``model`` (its ``unsupported_reason``), or None;

@@ -8,11 +8,11 @@ with the native engine's weights (native.py): the encoder runs once per record, 
 token.
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
-layer: keys as [L, slots, H, dk, C], values as [L, slots, H, C, dk] (a layer's block of one slot,
-or of a span of slots, is one contiguous piece). The step writes the fed positions' keys and
-values at their places in each layer's cache, in place (the same memory is bound as the input and as
-the updated output), and attends over every position with the causal mask (``self_bias``); so
-nothing is copied per step and a rollback is only a shorter length, as in the native engine.
+layer: keys and values as [L, slots, H, C, dk] each (a layer's block of one slot, or of a span of
+slots, is one contiguous piece). The step writes the fed positions' keys and values at their places
+in each layer's cache, in place (the same memory is bound as the input and as the updated output),
+and each query attends to its row's positions up to its own; so nothing is copied per step and a
+rollback is only a shorter length, as in the native engine.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntim
 PROTOBUF_LIMIT = 1 << 30  # weights up to 1 GiB travel inside the serialized graph, larger ones in a file
 
 
+def unsupported_reason(head_size: int) -> str | None:
+    """Why the onnx engine cannot run a model with heads this wide, or None when it can."""
+    if head_size % 8:
+        return f"its attention heads are {head_size} wide, not a multiple of 8 (onnxruntime's GroupQueryAttention)"
+    return None
+
+
 def step_session(weights: NativeWeights, quantize: str = "none"):
     """The decoder step of ``weights``' model as an onnxruntime session on the CPU, run on as many
     threads as torch uses here (one per actor CPU in a job)."""
@@ -40,7 +47,7 @@ def step_session(weights: NativeWeights, quantize: str = "none"):
     except ImportError as error:
         raise ImportError(f"{MISSING} ({error})") from error
     graph = StepGraph(d_model=weights.d_model, layers=weights.layer_count, heads=weights.heads, d_kv=weights.d_kv,
-                      quantize=quantize)
+                      self_bias=weights.position_bias, quantize=quantize)
     hidden = "hidden"
     for index in range(weights.layer_count):
         hidden = weights.decoder_layer_graph(graph, hidden, index)
@@ -76,10 +83,10 @@ class OnnxEngine(Engine):
         self._ort_value = OrtValue
         w = weights
         self.capacity, self.sources = 0, 0
-        keys, values = (w.layer_count, slots, w.heads, w.d_kv, 0), (w.layer_count, slots, w.heads, 0, w.d_kv)
-        self.self_k, self.self_v = torch.zeros(keys), torch.zeros(values)  # [L, slots, H, dk, C], [L, slots, H, C, dk]
-        self.cross_k, self.cross_v = torch.zeros(keys), torch.zeros(values)  # [L, slots, H, dk, S], [L, slots, H, S, dk]
-        self.cross_bias = torch.zeros((slots, 0))  # [slots, S]: 0 within each row's source, -inf past it
+        empty = (w.layer_count, slots, w.heads, 0, w.d_kv)
+        self.self_k, self.self_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, C, dk] each
+        self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] each
+        self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
         self._bindings: dict = {}  # (first slot, end slot, C, S) -> the step's bound inputs (_binding)
         self._bindings_storage = None  # the (C, S) those bindings were made at
@@ -92,7 +99,7 @@ class OnnxEngine(Engine):
         if positions <= self.capacity:
             return
         capacity = max(positions, 2 * self.capacity)
-        self.self_k = _grown(self.self_k, -1, capacity)
+        self.self_k = _grown(self.self_k, -2, capacity)
         self.self_v = _grown(self.self_v, -2, capacity)
         self.capacity, self.table = capacity, self.weights.self_mask(capacity)
         self._one_token_bias = None  # [C, Hb, 2, C]: _self_bias of one token at each position
@@ -101,9 +108,8 @@ class OnnxEngine(Engine):
         if length <= self.sources:
             return
         sources = max(length, 2 * self.sources, 2)  # at least 2: MatMul rounds otherwise for one key
-        self.cross_k = _grown(self.cross_k, -1, sources)
+        self.cross_k = _grown(self.cross_k, -2, sources)
         self.cross_v = _grown(self.cross_v, -2, sources)
-        self.cross_bias = _grown(self.cross_bias, -1, sources, fill=float("-inf"))
         self.sources = sources
 
     # --- rows joining -----------------------------------------------------------------------------
@@ -124,10 +130,9 @@ class OnnxEngine(Engine):
         self._reserve_sources(encoded.shape[1])
         for row, (slot, length) in enumerate(zip(slots, lengths)):
             kv = self.weights.cross_keys_values(encoded[row : row + 1, :length])[0]  # [S_j, L, 2, H, dk]
-            self.cross_k[:, slot, ..., :length] = kv[:, :, 0].permute(1, 2, 3, 0)  # [L, H, dk, S_j]
+            self.cross_k[:, slot, :, :length] = kv[:, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
             self.cross_v[:, slot, :, :length] = kv[:, :, 1].permute(1, 2, 0, 3)
-            self.cross_bias[slot] = 0.0
-            self.cross_bias[slot, length:] = float("-inf")
+            self.source_lengths[slot] = length
         return encoded
 
     # --- the forward pass -------------------------------------------------------------------------
@@ -136,23 +141,32 @@ class OnnxEngine(Engine):
     def _forward(self, feed: Feed) -> torch.Tensor:
         rows, width = feed.tokens.shape
         read, where, attended = self._rows_read(feed)
-        positions = self._idle_positions(read, attended)  # idle slots of a span feed at their own length ...
+        positions = self._idle_positions(read, attended)  # idle slots of a span run at their own length ...
+        counts = np.zeros(attended, dtype=np.int32)  # ... feeding nothing
+        counts[where] = feed.counts
         if where == list(range(rows)):
             tokens = feed.tokens
         else:
-            tokens = torch.zeros((attended, width), dtype=torch.long)  # ... token 0: past what they hold
+            tokens = torch.zeros((attended, width), dtype=torch.long)
             for r, a in enumerate(where):  # (a fed row's length is its position: Engine.forward checks)
                 tokens[a] = feed.tokens[r]
-        self._reserve(max(positions) + width)
-        steps = np.add.outer(np.asarray(positions, dtype=np.int64), np.arange(width))  # [A, W]
-        hidden = self.weights.embed(tokens, torch.from_numpy(steps)).view(attended, width, -1)
+        self._reserve(max(positions) + width + 1)  # + 1: attention's extra query row (onnx_graph) writes one more
+        steps = np.add.outer(np.asarray(positions, dtype=np.int64), np.arange(width + 1))  # [A, W + 1]
+        hidden = self.weights.embed(tokens, torch.from_numpy(steps[:, :width])).view(attended, width, -1)
         binding = self._binding(read)
+        lengths = np.asarray(positions, dtype=np.int32)
         small_inputs = {
             "hidden": hidden.numpy(),
-            "self_bias": self._self_bias(steps).numpy(),
-            "steps": steps,
+            # A fed row attends to its count + 1 queries (the extra one past its last: onnx_graph),
+            # an idle one to none; each row's keys end at seqlens_k.
+            "query_seqlens": np.where(counts > 0, counts + 1, 0).astype(np.int32),
+            "seqlens_k": np.where(counts > 0, lengths + counts, np.maximum(lengths, 1) - 1).astype(np.int32),
+            "total_sequence_length": np.array(self.capacity, dtype=np.int32),
+            "source_lengths": self.source_lengths[read],
             "read": self._read_index(feed, where),
         }
+        if self.weights.position_bias:
+            small_inputs["self_bias"] = self._self_bias(steps).numpy()
         for name, array in small_inputs.items():
             binding.bind_cpu_input(name, array)
         logits = np.empty((len(small_inputs["read"]), self.vocab), dtype=np.float32)  # new each call: returned
@@ -200,8 +214,6 @@ class OnnxEngine(Engine):
                 binding.bind_ortvalue_input(f"{name}.{layer}", value)
                 if name in ("self_k", "self_v"):
                     binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
-        caches["cross_bias"] = self._rows(self.cross_bias, read)[:, None, None, :].numpy()  # admission writes it in place
-        binding.bind_cpu_input("cross_bias", caches["cross_bias"])
         binding.caches = caches
         if key is not None:
             if key[2:] != self._bindings_storage:  # the caches grew: bindings to the old ones are stale
@@ -215,15 +227,14 @@ class OnnxEngine(Engine):
         return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
 
     def _self_bias(self, steps: np.ndarray) -> torch.Tensor:
-        """[A, Hb, W + 1, C]: what each fed query at ``steps`` [A, W] adds to its score over the key at
-        each cache position (T5's relative position bias; -inf after the query: the causal mask, which
-        also hides what a rollback left behind), and the first query's again."""
-        if steps.shape == (1, 1):  # one row, one token (a step at batch 1): a precomputed slice
+        """[A, H, W + 1, C]: what each query at ``steps`` [A, W + 1] adds to its score over the key at
+        each cache position (T5's relative position bias; attention is causal by itself)."""
+        if steps.shape == (1, 2):  # one row, one token (a step at batch 1): a precomputed slice
             if self._one_token_bias is None:
-                self._one_token_bias = self.table.transpose(0, 1)[:, :, None, :].expand(-1, -1, 2, -1).contiguous()
-            return self._one_token_bias[int(steps[0, 0])][None]  # [1, Hb, 2, C]
-        queries = torch.from_numpy(np.concatenate([steps, steps[:, :1]], axis=1))  # the first query repeated (onnx_graph: _attention)
-        return self.table[:, queries].transpose(0, 1).contiguous()  # [A, Hb, W + 1, C]
+                rows = torch.arange(self.capacity - 1)[:, None] + torch.arange(2)  # [C - 1, 2]
+                self._one_token_bias = self.table[:, rows].transpose(0, 1).contiguous()  # [C - 1, H, 2, C]
+            return self._one_token_bias[int(steps[0, 0])][None]  # [1, H, 2, C]
+        return self.table[:, torch.from_numpy(steps)].transpose(0, 1).contiguous()  # [A, H, W + 1, C]
 
     @staticmethod
     def _read_index(feed: Feed, where: list[int]) -> np.ndarray:
@@ -247,9 +258,8 @@ class OnnxEngine(Engine):
         slots = torch.tensor(feed.slots)[:, None]
         steps = torch.tensor(feed.positions)[:, None] + torch.arange(feed.width)  # [R, W]
         for layer in range(self.weights.layer_count):
-            keys, values = (torch.from_numpy(gathered[name][layer]) for name in ("self_k", "self_v"))
-            self.self_k[layer, slots, :, :, steps] = keys[rows, :, :, steps]  # [R, W, H, dk]
-            self.self_v[layer, slots, :, steps] = values[rows, :, steps]
+            for name in ("self_k", "self_v"):
+                getattr(self, name)[layer, slots, :, steps] = torch.from_numpy(gathered[name][layer])[rows, :, steps]
 
 
 def _grown(cache: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:

@@ -9,21 +9,28 @@ onnxruntime runs without Python in between.
 self- and cross-attention); a model family writes its layer with them (``decoder_layer_graph`` in
 t5_engine.py and bart_engine.py), mirroring its torch ``decoder_layer`` line by line.
 
+Attention is onnxruntime's: GroupQueryAttention for the causal self-attention (it writes the fed
+keys and values into the layer's cache in place and attends to each row's own length only),
+MultiHeadAttention over the encoder's keys and values; a residual sum and the norm after it are one
+Skip*Normalization op. So a T5 layer is about 16 ops; a step's time at small shapes goes to the
+number of ops as much as to the products (it was 44 ops a layer, in primitives).
+
 The step's inputs and outputs (A rows of W positions, C cache positions, S source positions):
 
 | name | shape | what |
 |---|---|---|
 | hidden | [A, W, d] | the embedded tokens (embedding and positions in torch: one or two ops) |
-| self_k.l, self_v.l | [A, H, dk, C], [A, H, C, dk] | layer l's cache of the rows, handed over in place |
-| steps | [A, W] | each fed position's place in the cache (its absolute position) |
-| self_bias | [A, Hb, W + 1, C] | added to q.k at each key position (-inf: after the query); the last row
-repeats the first (see ``_attention``) |
-| cross_k.l, cross_v.l | [A, H, dk, S], [A, H, S, dk] | layer l's cross-attention keys and values |
-| cross_bias | [A, 1, 1, S] | -inf past each row's source |
+| self_k.l, self_v.l | [A, H, C, dk] | layer l's self-attention cache of the rows, handed over in place |
+| seqlens_k | [A] int32 | each row's last cached position after the step: its length + count (see below) |
+| query_seqlens | [A] int32 | each row's fed count + 1 (the extra query row of ``_one_more_row``); 0: an idle row |
+| total_sequence_length | [] int32 | C |
+| self_bias | [A, H, W + 1, C] | T5 only: added to q.k at each key position (relative positions) |
+| cross_k.l, cross_v.l | [A, H, S, dk] | layer l's cross-attention keys and values |
+| source_lengths | [A] int32 | each row's source length (its keys past it are padding) |
 | read | [n] | the flat positions (a * W + i) whose logits are read |
 | logits | [n, V] | output |
-| self_k.l.updated, self_v.l.updated | as self_k.l, self_v.l | output: the cache with the fed positions'
-keys and values written in; bound to the input's own memory, so written in place |
+| self_k.l.updated, self_v.l.updated | as self_k.l | output: the cache with the fed positions' keys and
+values written in; bound to the input's own memory, so written in place |
 
 int8 (``quantize="int8"``): each matrix is one MatMulNBits op (8 bits): weights symmetric in blocks
 of 32 inputs per output column (scale max |w| / 127), activations quantized to int8 at run time by
@@ -40,8 +47,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
-MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, Gelu
+MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the attention and Skip norms, Gelu
 INT8_BLOCK = 32  # int8 weights: one scale per 32 inputs of each output (MatMulNBits' smallest block)
+
+# onnxruntime's attention ops take their inputs by position (onnxruntime >= 1.32: query_seqlens).
+GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+              "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+              "k_norm_weight", "query_seqlens")
+MHA_INPUTS = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
 
 # ACT2FN's names -> how the graph computes them: one op, or "tanh" (GELU's tanh approximation, from
 # primitives: onnxruntime's FastGelu differs from torch's by up to 6e-5 of the logits' scale) or
@@ -53,13 +66,15 @@ ACTIVATIONS = {"relu": ("Relu", ""), "gelu": ("Gelu", MICROSOFT), "gelu_new": "t
 class StepGraph:
     """Builds one decoder step of a model with ``layers`` layers of ``heads`` heads of ``d_kv``."""
 
-    def __init__(self, *, d_model: int, layers: int, heads: int, d_kv: int, quantize: str = "none"):
+    def __init__(self, *, d_model: int, layers: int, heads: int, d_kv: int, self_bias: bool, quantize: str = "none"):
+        """``self_bias``: whether self-attention adds a bias input to its scores (T5's relative
+        positions); without one it is only causal."""
         self.d_model, self.layers, self.heads, self.d_kv = d_model, layers, heads, d_kv
-        self.quantize = quantize
+        self.self_bias, self.quantize = self_bias, quantize
         self.nodes: list = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
-        self._indices: tuple[str, str] | None = None  # _cache_indices
+        self._sums: dict[str, int] = {}  # the output of each Add made by ``add`` -> its node's index
 
     # --- building blocks --------------------------------------------------------------------------
 
@@ -108,18 +123,34 @@ class StepGraph:
                        block_size=INT8_BLOCK, accuracy_level=4)
 
     def add(self, a: str, b: str) -> str:
-        return self.op("Add", a, b)
+        """a + b (a norm of the sum fuses with it: ``_normalized``)."""
+        total = self.op("Add", a, b)
+        self._sums[total] = len(self.nodes) - 1
+        return total
 
     def rms_norm(self, x: str, eps: float) -> str:
         """T5's RMSNorm without its weight (folded into the next matrix)."""
-        return self.op("SimplifiedLayerNormalization", x, self.constant(np.ones(self.d_model)),  # an ONNX-domain op in onnxruntime
-                       axis=-1, epsilon=eps)
+        return self._normalized("SimplifiedLayerNormalization", x, eps, np.ones(self.d_model))
 
     def layer_norm(self, x: str, eps: float, weight=None, bias=None) -> str:
         """LayerNorm over the last axis: with its weight and bias, or bare (a folded pre-norm)."""
         scale = np.ones(self.d_model) if weight is None else weight.detach().float().cpu().numpy()
         shift = np.zeros(self.d_model) if bias is None else bias.detach().float().cpu().numpy()
-        return self.op("LayerNormalization", x, self.constant(scale), self.constant(shift), axis=-1, epsilon=eps)
+        return self._normalized("LayerNormalization", x, eps, scale, shift)
+
+    def _normalized(self, op_type: str, x: str, eps: float, *parameters: np.ndarray) -> str:
+        """The norm ``op_type`` of x with its ``parameters``. Where x is a sum made by ``add``, the
+        sum and its norm become one op, onnxruntime's Skip form of the norm, whose fourth output is
+        the sum (under x's name, for the residual path): a step's op count is what its time goes to
+        at small shapes."""
+        parameters = [self.constant(value) for value in parameters]
+        index = self._sums.pop(x, None)
+        if index is None:  # (SimplifiedLayerNormalization: an ONNX-domain op in onnxruntime)
+            return self.op(op_type, x, *parameters, axis=-1, epsilon=eps)
+        normed = self._fresh(op_type.lower())
+        self.nodes[index] = helper.make_node(f"Skip{op_type}", [*self.nodes[index].input, *parameters],
+                                             [normed, "", "", x], domain=MICROSOFT, epsilon=eps)
+        return normed
 
     def activation(self, x: str, name: str) -> str:
         if name not in ACTIVATIONS:
@@ -147,81 +178,47 @@ class StepGraph:
         in the graph would copy the whole cache each step)."""
         return f"{cache}.{layer}"
 
-    def _attention(self, query: str, keys_t: str, values: str, bias: str, scale: float) -> str:
-        """query [A, H, W, dk], keys_t [A, H, dk, T], values [A, H, T, dk], bias [A, Hb, W + 1, T] added
-        to the scores -> [A, W, inner].
-
-        A query's arithmetic is the same bit for bit whatever else the call holds (rows, fed
-        positions), which int8 rounding downstream would otherwise turn into other tokens
-        (measured on the demo pair: 8 of 200 outputs changed). So: plain MatMul and Softmax over the
-        keys at their absolute positions (onnxruntime's MultiHeadAttention over cached then fed
-        keys is not), and the query's first row repeated once, because MatMul takes another path,
-        with other rounding, for a single row (the extra row's result is dropped)."""
-        if scale != 1.0:
-            query = self.op("Mul", query, self.constant(scale))
-        first = self.op("Slice", query, *self._first_row())
-        query = self.op("Concat", query, first, axis=2)  # [A, H, W + 1, dk]
-        weights = self.op("Softmax", self.op("Add", self.op("MatMul", query, keys_t), bias), axis=-1)
-        attended = self.op("Slice", self.op("MatMul", weights, values), *self._all_but_last_row())  # [A, H, W, dk]
-        return self.op("Reshape", self.op("Transpose", attended, perm=[0, 2, 1, 3]),
-                       self.constant([0, 0, self.heads * self.d_kv], np.int64, name="shape"))
-
-    def _first_row(self) -> tuple[str, str, str]:
-        """Slice's starts, ends, axes for row 0 of axis 2."""
-        return (self.constant([0], np.int64, name="start"), self.constant([1], np.int64, name="end"),
-                self.constant([2], np.int64, name="axis"))
-
-    def _all_but_last_row(self) -> tuple[str, str, str]:
-        return (self.constant([0], np.int64, name="start"), self.constant([-1], np.int64, name="end"),
-                self.constant([2], np.int64, name="axis"))
-
-    def self_attention(self, layer: int, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
-        """Causal self-attention of the fed positions: hidden [A, W, d] @ [d, 3 * inner] gives q, k, v;
-        k and v are written at their positions into the layer's cache (in place: ``_scattered``) and
-        attended over with the rest of it."""
-        qkv = self.op("Reshape", self.matmul(hidden, matrix, bias),
-                      self.constant([0, 0, 3, self.heads, self.d_kv], np.int64, name="shape"))  # [A, W, 3, H, dk]
-        parts = self.op("Transpose", qkv, perm=[2, 0, 3, 1, 4])  # [3, A, H, W, dk]
-        query, key, value = self._fresh("query"), self._fresh("key"), self._fresh("value")
-        self.nodes.append(helper.make_node("Split", [parts], [query, key, value], axis=0))
-        zero = self.constant([0], np.int64, name="axis")
-        query, value = self.op("Squeeze", query, zero), self.op("Squeeze", value, zero)  # [A, H, W, dk]
-        key_t = self.op("Transpose", self.op("Squeeze", key, zero), perm=[0, 1, 3, 2])  # [A, H, dk, W]
-        key_index, value_index = self._cache_indices()
-        keys_t = self._scattered("self_k", layer, key_index, key_t, axis=3)  # [A, H, dk, C]
-        values = self._scattered("self_v", layer, value_index, value, axis=2)  # [A, H, C, dk]
-        return self._attention(query, keys_t, values, "self_bias", scale)
-
-    def _cache_indices(self) -> tuple[str, str]:
-        """Each fed position's place in a layer's keys [A, H, dk, W] and values [A, H, W, dk], from
-        ``steps`` [A, W]; built once, shared by every layer."""
-        if self._indices is None:
-            H, dk = self.heads, self.d_kv
-            keys = self.op("Unsqueeze", "steps", self.constant([1, 2], np.int64, name="axes"))  # [A, 1, 1, W]
-            values = self.op("Unsqueeze", "steps", self.constant([1, 3], np.int64, name="axes"))  # [A, 1, W, 1]
-            self._indices = (self.op("Expand", keys, self.constant([1, H, dk, 1], np.int64, name="shape")),
-                             self.op("Expand", values, self.constant([1, H, 1, dk], np.int64, name="shape")))
-        return self._indices
-
-    def _scattered(self, cache: str, layer: int, index: str, update: str, axis: int) -> str:
-        """The layer's cache with ``update`` at the positions ``index`` holds: a graph output that the
-        engine binds to the very buffer it passed in, so onnxruntime's ScatterElements writes the fed
-        positions in place (it copies its input only when input and output are different memory)."""
-        output = self.updated(self._layer_of(cache, layer))
-        self.nodes.append(helper.make_node("ScatterElements", [self._layer_of(cache, layer), index, update], [output],
-                                           axis=axis))
-        return output
-
     @staticmethod
     def updated(cache_input: str) -> str:
         """The name of the output that is the cache input ``cache_input`` updated in place."""
         return f"{cache_input}.updated"
 
+    def _one_more_row(self, x: str) -> str:
+        """[A, W, n] -> [A, W + 1, n], a row of zeros after the last.
+
+        Attention runs with at least two query rows per call: MLAS multiplies a single row by
+        another kernel, with other rounding, and a query's arithmetic must be the same bit for bit
+        however many rows are fed with it (int8 rounding downstream turns a last-bit difference into
+        another token). The extra row's result is dropped (``_without_last_row``)."""
+        return self.op("Pad", x, self.constant([0, 0, 0, 0, 1, 0], np.int64, name="pads"))
+
+    def _without_last_row(self, x: str) -> str:
+        return self.op("Slice", x, self.constant([0], np.int64, name="start"), self.constant([-1], np.int64, name="end"),
+                       self.constant([1], np.int64, name="axis"))
+
+    def self_attention(self, layer: int, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
+        """Causal self-attention of the fed positions: hidden [A, W, d] @ [d, 3 * inner] gives q, k, v
+        (packed, as GroupQueryAttention reads them); it writes k and v at their positions into the
+        layer's cache, in place (the output bound to the input's memory), and attends to each row's
+        cached positions up to each query's own, adding ``self_bias`` (T5's relative positions)."""
+        qkv = self._one_more_row(self.matmul(hidden, matrix, bias))  # [A, W + 1, 3 * inner]
+        cache_k, cache_v = self._layer_of("self_k", layer), self._layer_of("self_v", layer)
+        attended = self._fresh("attended")
+        inputs = _positional(GQA_INPUTS, query=qkv, past_key=cache_k, past_value=cache_v, seqlens_k="seqlens_k",
+                             total_sequence_length="total_sequence_length", query_seqlens="query_seqlens",
+                             attention_bias="self_bias" if self.self_bias else "")
+        self.nodes.append(helper.make_node("GroupQueryAttention", inputs,
+                                           [attended, self.updated(cache_k), self.updated(cache_v)], domain=MICROSOFT,
+                                           num_heads=self.heads, kv_num_heads=self.heads, scale=scale))
+        return self._without_last_row(attended)
+
     def cross_attention(self, layer: int, query: str, scale: float = 1.0) -> str:
-        """Attention over the rows' encoder outputs; query [A, W, inner] -> [A, W, inner]."""
-        query = self.op("Reshape", query, self.constant([0, 0, self.heads, self.d_kv], np.int64, name="shape"))
-        return self._attention(self.op("Transpose", query, perm=[0, 2, 1, 3]), self._layer_of("cross_k", layer),
-                               self._layer_of("cross_v", layer), "cross_bias", scale)
+        """Attention over the rows' encoder outputs (each row's first ``source_lengths``); query
+        [A, W, inner] -> [A, W, inner]."""
+        inputs = _positional(MHA_INPUTS, query=self._one_more_row(query), key=self._layer_of("cross_k", layer),
+                             value=self._layer_of("cross_v", layer), key_padding_mask="source_lengths")
+        return self._without_last_row(self.op("MultiHeadAttention", *inputs, domain=MICROSOFT, num_heads=self.heads,
+                                              scale=scale))
 
     def read(self, hidden: str) -> str:
         """[A, W, d] -> [n, d]: the positions whose logits are read."""
@@ -233,15 +230,17 @@ class StepGraph:
     def model(self, logits: str) -> onnx.ModelProto:
         """The finished step: ``logits`` [n, V] and every layer's self-attention cache, updated, as outputs."""
         self.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
-        floats = TensorProto.FLOAT
+        floats, ints = TensorProto.FLOAT, TensorProto.INT32
         L, H, dk = self.layers, self.heads, self.d_kv
-        caches = {"self_k": ["A", H, dk, "C"], "self_v": ["A", H, "C", dk], "cross_k": ["A", H, dk, "S"],
+        caches = {"self_k": ["A", H, "C", dk], "self_v": ["A", H, "C", dk], "cross_k": ["A", H, "S", dk],
                   "cross_v": ["A", H, "S", dk]}
         inputs = [
             helper.make_tensor_value_info("hidden", floats, ["A", "W", self.d_model]),
-            helper.make_tensor_value_info("self_bias", floats, ["A", "Hb", "W1", "C"]),
-            helper.make_tensor_value_info("cross_bias", floats, ["A", 1, 1, "S"]),
-            helper.make_tensor_value_info("steps", TensorProto.INT64, ["A", "W"]),
+            *([helper.make_tensor_value_info("self_bias", floats, ["A", H, "W1", "C"])] if self.self_bias else []),
+            helper.make_tensor_value_info("seqlens_k", ints, ["A"]),
+            helper.make_tensor_value_info("query_seqlens", ints, ["A"]),
+            helper.make_tensor_value_info("total_sequence_length", ints, []),
+            helper.make_tensor_value_info("source_lengths", ints, ["A"]),
             helper.make_tensor_value_info("read", TensorProto.INT64, ["n"]),
             *(helper.make_tensor_value_info(self._layer_of(cache, layer), floats, shape)
               for cache, shape in caches.items() for layer in range(L)),
@@ -255,3 +254,9 @@ class StepGraph:
         graph = helper.make_graph(self.nodes, "decoder_step", inputs, outputs, initializers)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                        helper.make_opsetid(MICROSOFT, 1)])
+
+
+def _positional(names: tuple[str, ...], **given: str) -> list[str]:
+    """An op's input list from its inputs by name: "" for the optional ones not given, up to the last given."""
+    last = max(names.index(name) for name, value in given.items() if value)
+    return [given.get(name, "") for name in names[: last + 1]]

@@ -22,6 +22,11 @@ from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_hal
 SUPPORTED = {"T5ForConditionalGeneration": "t5", "MT5ForConditionalGeneration": "mt5"}
 
 
+def head_size(config) -> int:
+    """The width of one attention head."""
+    return config.d_kv
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why T5Weights cannot run ``model``, or None when it can."""
     name = type(model).__name__
@@ -48,12 +53,13 @@ class T5Weights(NativeWeights):
     """A T5 checkpoint's weights, laid out once for decoding (shared by every engine of a model)."""
 
     attention_scale = 1.0  # T5 does not scale q.k
+    position_bias = True  # relative positions, in self_mask
 
     @torch.no_grad()
     def __init__(self, model: PreTrainedModel, quantize: str = "none"):
         super().__init__(model, unsupported_reason(model), quantize)
         config = self.config = model.config
-        self.d_model, self.heads, self.d_kv = config.d_model, config.num_heads, config.d_kv
+        self.d_model, self.heads, self.d_kv = config.d_model, config.num_heads, head_size(config)
         self.eps = config.layer_norm_epsilon
         self.gated = bool(config.is_gated_act)
         self.act_name = config.dense_act_fn

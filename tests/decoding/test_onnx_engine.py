@@ -20,7 +20,7 @@ from pipeline.decoding.onnx_engine import OnnxEngine, step_session
 from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
 from support import REPO
 from support.engine_checks import assert_lossless_at_every_batch_size, assert_same_tokens_and_statistics
-from support.native_models import LAYOUTS, build, encode
+from support.native_models import LAYOUTS, SHAPES, build, encode
 from support.pairs import TEXTS
 
 # T5 v1.0 (ReLU, tied head), v1.1 (gated GELU), heads * d_kv != d_model, and the BART family.
@@ -167,6 +167,19 @@ def test_where_it_cannot_run_is_a_clear_error():
         OnnxEngine(weights, None, 1)
 
 
+def test_heads_onnxruntime_cannot_attend_with_run_on_the_native_engine(caplog, monkeypatch):
+    """GroupQueryAttention takes heads a multiple of 8 wide: a pair with others runs on the native
+    engine, and the log says why."""
+    monkeypatch.setitem(SHAPES, "heads-20-wide", dict(SHAPES["narrow-heads"], d_kv=20))
+    large = build("heads-20-wide")
+    with caplog.at_level("WARNING", logger="pipeline.decoding"):
+        pair = ModelPair(noisy_copy(large, 0.1, seed=1), large, byte_tokenizer(append_eos=True), torch.device("cpu"),
+                         engine_request="onnx")
+    assert pair.engine_kind == "native"
+    assert "running on the native engine" in caplog.text and "20 wide, not a multiple of 8" in caplog.text
+    assert pair_of("narrow-heads", "onnx").engine_kind == "onnx"  # 24 wide
+
+
 def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     """A model whose weights do not fit in one protobuf message (2 GiB) is saved with its weights in
     a file beside the graph and loaded from there: the same logits."""
@@ -201,7 +214,7 @@ def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name):
     for slot, source in enumerate(sources):
         alone.admit([slot], [source])
     for slot, source in enumerate(sources):
-        assert torch.equal(together.cross_k[:, slot, ..., : len(source)], alone.cross_k[:, slot, ..., : len(source)])
+        assert torch.equal(together.cross_k[:, slot, :, : len(source)], alone.cross_k[:, slot, :, : len(source)])
         assert torch.equal(together.cross_v[:, slot, :, : len(source)], alone.cross_v[:, slot, :, : len(source)])
 
 

@@ -11,7 +11,7 @@ SHAPES = {
     "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
     "t5-v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3),
     "mt5": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_decoder_layers=3, mt5=True),
-    "narrow-heads": dict(d_model=48, num_heads=3, d_kv=20, num_decoder_layers=3),  # 3 * 20 != 48
+    "narrow-heads": dict(d_model=48, num_heads=3, d_kv=24, num_decoder_layers=3),  # 3 * 24 != 48
     "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
 }
 BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.tiny's families; nllb is M2M100
