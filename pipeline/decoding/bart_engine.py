@@ -208,9 +208,7 @@ class BartWeights(NativeWeights):
     def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         rows, width = input_ids.shape
         heads, d_kv = self.encoder_heads, self.d_model // self.encoder_heads
-        positions = torch.arange(width, device=self.device).expand(rows, -1)
-        x = self._embedded(input_ids, positions, self.encoder_embedding, self.encoder_positions,
-                           self.encoder_embedding_norm)
+        x = self.source_embedding(input_ids).view(rows * width, -1)
         mask = key_padding_mask(lengths, width, self.dtype, self.device)  # padded keys are never attended
         for layer in self.encoder_layers:
             qkv = layer.qkv.addmm(layer.qkv_bias, self._input(x))
@@ -223,6 +221,12 @@ class BartWeights(NativeWeights):
         if self.encoder_final_norm is not None:
             x = self._normalized(x, self.encoder_final_norm)
         return x.view(rows, width, -1)
+
+    def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows, width = input_ids.shape
+        positions = torch.arange(width, device=self.device).expand(rows, -1)
+        return self._embedded(input_ids, positions, self.encoder_embedding, self.encoder_positions,
+                              self.encoder_embedding_norm).view(rows, width, -1)
 
     def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
         rows, width, _ = encoded.shape
@@ -266,6 +270,10 @@ class BartWeights(NativeWeights):
     def _input_graph(self, graph, x: str) -> str:
         return self._normalized_graph(graph, x) if self.family.pre_norm else x
 
+    def _feed_forward_graph(self, graph, x: str, layer: _Layer) -> str:
+        hidden = graph.activation(graph.matmul(self._input_graph(graph, x), layer.fc1, layer.fc1_bias), self.act_name)
+        return self._sublayer_graph(graph, x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
+
     def decoder_layer_graph(self, graph, x: str, index: int) -> str:
         layer, scale = self.decoder_layers[index], self.attention_scale
         attended = graph.self_attention(index, self._input_graph(graph, x), layer.qkv, layer.qkv_bias, scale)
@@ -273,10 +281,21 @@ class BartWeights(NativeWeights):
         query = graph.matmul(self._input_graph(graph, x), layer.cross_q, layer.cross_q_bias)
         x = self._sublayer_graph(graph, x, graph.cross_attention(index, query, scale), layer.cross_out,
                                  layer.cross_out_bias, layer.cross_norm)
-        hidden = graph.activation(graph.matmul(self._input_graph(graph, x), layer.fc1, layer.fc1_bias), self.act_name)
-        return self._sublayer_graph(graph, x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
+        return self._feed_forward_graph(graph, x, layer)
 
     def logits_graph(self, graph, hidden: str) -> str:
         if self.final_normalized:
             hidden = self._normalized_graph(graph, hidden)
         return graph.matmul(hidden, self.head, self.head_bias)
+
+    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
+        layer, scale = self.encoder_layers[index], (self.d_model // self.encoder_heads) ** -0.5
+        attended = graph.self_attention(self._input_graph(graph, x), layer.qkv, layer.qkv_bias, scale)
+        x = self._sublayer_graph(graph, x, attended, layer.out, layer.out_bias, layer.attention_norm)
+        return self._feed_forward_graph(graph, x, layer)
+
+    def encoder_output_graph(self, graph, x: str) -> str:
+        return x if self.encoder_final_norm is None else self._normalized_graph(graph, x, self.encoder_final_norm)
+
+    def cross_kv_graph(self, graph, encoded: str) -> str:
+        return graph.matmul(encoded, self.cross_kv, self.cross_kv_bias)

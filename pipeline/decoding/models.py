@@ -167,7 +167,7 @@ class ModelPair:
         if key not in self._engines:
             if self.engine_kind == "onnx" and role not in self._native:
                 weights = native_weights(getattr(self, role))  # float: the encoder's; the step quantizes its own
-                self._native[role] = (weights, onnx_engine.step_session(weights, self.quantize))
+                self._native[role] = (weights, onnx_engine.OnnxSessions(weights, self.quantize))
             elif self.engine_kind == "native" and role not in self._native:
                 self._native[role] = native_weights(getattr(self, role), self.quantize)
             if self.engine_kind == "onnx":

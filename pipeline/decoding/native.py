@@ -35,8 +35,9 @@ class NativeWeights(ABC):
 
     dtype: torch.dtype
     device: torch.device
-    heads: int
-    d_kv: int
+    heads: int  # the decoder's attention heads ...
+    d_kv: int  # ... and their width
+    encoder_heads: int
     layer_count: int  # decoder layers
     attention_scale: float  # on q.k: 1.0 for T5, d_kv ** -0.5 for BART-like models
     position_bias: bool  # whether self_mask adds more than the causal mask (T5's relative position bias)
@@ -62,6 +63,14 @@ class NativeWeights(ABC):
     @abstractmethod
     def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """The encoder's output [J, S, d] for right-padded ``input_ids`` [J, S]."""
+
+    @abstractmethod
+    def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The encoder's input [J, S, d] for ``input_ids`` [J, S]."""
+
+    def source_bias(self, width: int) -> torch.Tensor | None:
+        """What the encoder's attention adds to its scores, [1, H, S, S] (T5's relative positions), or None."""
+        return None
 
     @abstractmethod
     def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
@@ -93,6 +102,20 @@ class NativeWeights(ABC):
     @abstractmethod
     def logits_graph(self, graph, hidden: str) -> str:
         """``logits`` in ``graph``: [n, d] -> [n, V]."""
+
+    # And the admission, for the onnx engine's admission graph (an onnx_graph.EncoderGraph).
+
+    @abstractmethod
+    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
+        """Encoder layer ``index`` in ``graph``: x [A, S, d] -> [A, S, d]."""
+
+    @abstractmethod
+    def encoder_output_graph(self, graph, x: str) -> str:
+        """The encoder's output from its last layer's (its final norm, where it has one)."""
+
+    @abstractmethod
+    def cross_kv_graph(self, graph, encoded: str) -> str:
+        """``cross_keys_values`` in ``graph``: [A, S, d] -> [A, S, layers * 2 * H * dk]."""
 
 
 class Matrix:

@@ -3,9 +3,10 @@
 On a CPU a decode step of a small model is a chain of one-row matrix products and a couple of
 hundred small ops; onnxruntime runs the chain with MLAS (float32, or int8 with ``models.quantize:
 int8``) and the small ops without Python between them (onnx_graph.py builds the graph from the
-family's ``decoder_layer_graph``). The encoder, admission and the cache bookkeeping stay in torch,
-with the native engine's weights (native.py): the encoder runs once per record, the step once per
-token.
+family's ``decoder_layer_graph``). Admission is a second graph, the encoder and every decoder
+layer's cross-attention projections (``encoder_layer_graph``), run once per group of newcomers,
+in int8 too; the embeddings and the cache bookkeeping stay in torch, with the native engine's
+weights (native.py).
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
 layer: keys and values as [L, slots, H, C, dk] each (a layer's block of one slot, or of a span of
@@ -37,21 +38,11 @@ def unsupported_reason(head_size: int) -> str | None:
     return None
 
 
-def step_session(weights: NativeWeights, quantize: str = "none"):
-    """The decoder step of ``weights``' model as an onnxruntime session on the CPU, run on as many
-    threads as torch uses here (one per actor CPU in a job)."""
-    try:  # imported here: a machine without them (the GPU check's) runs every other engine
-        import onnxruntime
+def _session(graph, model):
+    """An onnxruntime session on the CPU for ``model`` (built by ``graph``), run on as many threads as
+    torch uses here (one per actor CPU in a job)."""
+    import onnxruntime
 
-        from pipeline.decoding.onnx_graph import StepGraph
-    except ImportError as error:
-        raise ImportError(f"{MISSING} ({error})") from error
-    graph = StepGraph(d_model=weights.d_model, layers=weights.layer_count, heads=weights.heads, d_kv=weights.d_kv,
-                      self_bias=weights.position_bias, quantize=quantize)
-    hidden = "hidden"
-    for index in range(weights.layer_count):
-        hidden = weights.decoder_layer_graph(graph, hidden, index)
-    model = graph.model(weights.logits_graph(graph, graph.read(hidden)))
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
@@ -62,9 +53,58 @@ def step_session(weights: NativeWeights, quantize: str = "none"):
     import onnx  # a protobuf message holds at most 2 GiB: the weights go beside the graph, in files
 
     with tempfile.TemporaryDirectory(prefix="bild-onnx-") as folder:
-        path = os.path.join(folder, "step.onnx")
+        path = os.path.join(folder, f"{model.graph.name}.onnx")
         onnx.save_model(model, path, save_as_external_data=True, location="weights")
         return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _graphs():
+    """onnx_graph's builders; imported here: a machine without onnx and onnxruntime (the GPU check's)
+    runs every other engine."""
+    try:
+        import onnxruntime  # noqa: F401
+
+        from pipeline.decoding import onnx_graph
+    except ImportError as error:
+        raise ImportError(f"{MISSING} ({error})") from error
+    return onnx_graph
+
+
+class OnnxSessions:
+    """One model's onnxruntime sessions, shared by its engines of any number of slots: the decoder
+    step, and the admission of new rows (the encoder and every decoder layer's cross-attention
+    projections; or the projections alone, for states an identical encoder computed), each built when
+    first used."""
+
+    def __init__(self, weights: NativeWeights, quantize: str = "none"):
+        self.weights, self.quantize = weights, quantize
+        self._sessions: dict = {}
+
+    @property
+    def step(self):
+        if "step" not in self._sessions:
+            w, graphs = self.weights, _graphs()
+            graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
+                                     self_bias=w.position_bias, quantize=self.quantize)
+            hidden = "hidden"
+            for index in range(w.layer_count):
+                hidden = w.decoder_layer_graph(graph, hidden, index)
+            self._sessions["step"] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
+        return self._sessions["step"]
+
+    def admission(self, projections_only: bool = False):
+        if projections_only not in self._sessions:
+            w, graphs = self.weights, _graphs()
+            graph = graphs.EncoderGraph(d_model=w.d_model, heads=w.encoder_heads, d_kv=w.d_kv,
+                                        source_bias=w.position_bias, projections_only=projections_only,
+                                        quantize=self.quantize)
+            encoded = "encoded" if projections_only else "hidden"
+            if not projections_only:
+                for index in range(len(w.encoder_layers)):
+                    encoded = w.encoder_layer_graph(graph, encoded, index)
+                encoded = w.encoder_output_graph(graph, encoded)
+            self._sessions[projections_only] = _session(graph, graph.model(encoded, w.cross_kv_graph(graph, encoded)))
+        return self._sessions[projections_only]
 
 
 class OnnxEngine(Engine):
@@ -72,11 +112,11 @@ class OnnxEngine(Engine):
 
     kind = "onnx"
 
-    def __init__(self, weights: NativeWeights, session, slots: int):
+    def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int):
         if weights.device.type != "cpu" or weights.dtype != torch.float32:
             raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
         super().__init__(slots, weights.device)
-        self.weights, self.session = weights, session
+        self.weights, self.sessions = weights, sessions
         self.vocab = weights.head.weight.shape[1]  # the logits' width
         from onnxruntime import OrtValue  # here, not at the top: a machine without onnxruntime runs the other engines
 
@@ -107,7 +147,7 @@ class OnnxEngine(Engine):
     def _reserve_sources(self, length: int) -> None:
         if length <= self.sources:
             return
-        sources = max(length, 2 * self.sources, 2)  # at least 2: MatMul rounds otherwise for one key
+        sources = max(length, 2 * self.sources)
         self.cross_k = _grown(self.cross_k, -2, sources)
         self.cross_v = _grown(self.cross_v, -2, sources)
         self.sources = sources
@@ -116,22 +156,33 @@ class OnnxEngine(Engine):
 
     @torch.inference_mode()
     def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None):
-        """Run the encoder (torch) for the newcomers unless given, and store each decoder layer's
-        cross-attention keys and values in their slots.
+        """Run the encoder and every decoder layer's cross-attention projections for the newcomers, as
+        one right-padded batch in one onnxruntime call (the projections alone where their encoder
+        states are given), and store the keys and values in their slots.
 
-        One record at a time, unpadded: a padded batch's products and attention differ from a lone
-        row's in the last bits, and int8 rounding downstream can turn that into another token; so a
-        record's output does not depend on the records it was admitted with (measured: 1 of 200
-        demo sentences changed at batch 32 with padded admission)."""
+        Every op of it computes a row the same bit for bit whatever rows are beside it, so a record's
+        output does not depend on the records admitted with it (int8 rounding downstream would turn a
+        last-bit difference into another token)."""
         lengths = [len(ids) for ids in input_ids]
         if encoded is None:
-            rows = [self.weights.encode(ids.cpu()[None], [len(ids)])[0] for ids in input_ids]  # [S_j, d] each
-            encoded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # [J, S, d]
-        self._reserve_sources(encoded.shape[1])
+            width = max(2, *lengths)  # at least 2: MLAS multiplies a single row by another kernel
+            padded = torch.zeros((len(slots), width), dtype=torch.long)  # padding: masked keys, unread queries
+            for row, ids in enumerate(input_ids):
+                padded[row, : len(ids)] = ids.cpu()
+            inputs = {"hidden": self.weights.source_embedding(padded).numpy(),
+                      "source_lengths": np.asarray(lengths, dtype=np.int32)}
+            if self.weights.position_bias:
+                inputs["source_bias"] = self.weights.source_bias(width).numpy()
+            encoded, projections = self.sessions.admission().run(["encoded", "cross_kv"], inputs)
+            encoded = torch.from_numpy(encoded)
+        else:
+            projections, = self.sessions.admission(projections_only=True).run(["cross_kv"], {"encoded": encoded.numpy()})
+        w, width = self.weights, encoded.shape[1]
+        kv = torch.from_numpy(projections).view(len(slots), width, w.layer_count, 2, w.heads, w.d_kv)
+        self._reserve_sources(width)
         for row, (slot, length) in enumerate(zip(slots, lengths)):
-            kv = self.weights.cross_keys_values(encoded[row : row + 1, :length])[0]  # [S_j, L, 2, H, dk]
-            self.cross_k[:, slot, :, :length] = kv[:, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
-            self.cross_v[:, slot, :, :length] = kv[:, :, 1].permute(1, 2, 0, 3)
+            self.cross_k[:, slot, :, :length] = kv[row, :length, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
+            self.cross_v[:, slot, :, :length] = kv[row, :length, :, 1].permute(1, 2, 0, 3)
             self.source_lengths[slot] = length
         return encoded
 
@@ -171,7 +222,7 @@ class OnnxEngine(Engine):
             binding.bind_cpu_input(name, array)
         logits = np.empty((len(small_inputs["read"]), self.vocab), dtype=np.float32)  # new each call: returned
         binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(logits))
-        self.session.run_with_iobinding(binding)
+        self.sessions.step.run_with_iobinding(binding)
         logits = torch.from_numpy(logits)
         if not isinstance(read, slice):
             self._write_back(feed, binding.caches)
@@ -205,7 +256,7 @@ class OnnxEngine(Engine):
             return self._bindings[key]
         from pipeline.decoding.onnx_graph import StepGraph
 
-        binding = self.session.io_binding()
+        binding = self.sessions.step.io_binding()
         caches = {}  # name -> the arrays the bound values point into: kept alive with the binding
         for name in ("self_k", "self_v", "cross_k", "cross_v"):
             caches[name] = [self._rows(cache, read).numpy() for cache in getattr(self, name)]

@@ -1,13 +1,15 @@
-"""One decoder step as an ONNX graph, for the onnx engine (onnx_engine.py) to run with onnxruntime.
+"""One decoder step, and the admission of new rows, as ONNX graphs for the onnx engine
+(onnx_engine.py) to run with onnxruntime.
 
 A step on the CPU is a chain of one-row matrix products: onnxruntime's MLAS runs that chain in
 float32 about twice as fast as torch's MKL calls, and in int8 about seven times as fast, at the
 demo pair's 256-wide shapes where fbgemm's int8 does not pay (docs/decoding.md has the measurement). Everything else of the step is small ops that
 onnxruntime runs without Python in between.
 
-``StepGraph`` has one method per verb of a decoder layer (a matrix product, a norm, an activation,
-self- and cross-attention); a model family writes its layer with them (``decoder_layer_graph`` in
-t5_engine.py and bart_engine.py), mirroring its torch ``decoder_layer`` line by line.
+``LayerGraph`` has one method per verb of a layer (a matrix product, a norm, an activation, a
+residual sum), ``StepGraph`` adds a decoder layer's self- and cross-attention and ``EncoderGraph`` an
+encoder layer's attention; a model family writes its layers with them (``decoder_layer_graph`` and
+``encoder_layer_graph`` in t5_engine.py and bart_engine.py), mirroring its torch layers line by line.
 
 Attention is onnxruntime's: GroupQueryAttention for the causal self-attention (it writes the fed
 keys and values into the layer's cache in place and attends to each row's own length only),
@@ -46,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17
+OPSET = 20  # Gelu with its tanh approximation
 MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the attention and Skip norms, Gelu
 INT8_BLOCK = 32  # int8 weights: one scale per 32 inputs of each output (MatMulNBits' smallest block)
 
@@ -63,14 +65,13 @@ ACTIVATIONS = {"relu": ("Relu", ""), "gelu": ("Gelu", MICROSOFT), "gelu_new": "t
                "silu": "silu", "swish": "silu"}
 
 
-class StepGraph:
-    """Builds one decoder step of a model with ``layers`` layers of ``heads`` heads of ``d_kv``."""
+class LayerGraph:
+    """The verbs a model family writes its layers with (a matrix product, a norm, an activation, a
+    residual sum), for layers of ``heads`` attention heads of ``d_kv``; subclasses add attention and
+    the graph's inputs and outputs."""
 
-    def __init__(self, *, d_model: int, layers: int, heads: int, d_kv: int, self_bias: bool, quantize: str = "none"):
-        """``self_bias``: whether self-attention adds a bias input to its scores (T5's relative
-        positions); without one it is only causal."""
-        self.d_model, self.layers, self.heads, self.d_kv = d_model, layers, heads, d_kv
-        self.self_bias, self.quantize = self_bias, quantize
+    def __init__(self, *, d_model: int, heads: int, d_kv: int, quantize: str = "none"):
+        self.d_model, self.heads, self.d_kv, self.quantize = d_model, heads, d_kv, quantize
         self.nodes: list = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
@@ -128,9 +129,10 @@ class StepGraph:
         self._sums[total] = len(self.nodes) - 1
         return total
 
-    def rms_norm(self, x: str, eps: float) -> str:
-        """T5's RMSNorm without its weight (folded into the next matrix)."""
-        return self._normalized("SimplifiedLayerNormalization", x, eps, np.ones(self.d_model))
+    def rms_norm(self, x: str, eps: float, weight=None) -> str:
+        """T5's RMSNorm: without its weight (folded into the next matrix), or with it."""
+        scale = np.ones(self.d_model) if weight is None else weight.detach().float().cpu().numpy()
+        return self._normalized("SimplifiedLayerNormalization", x, eps, scale)
 
     def layer_norm(self, x: str, eps: float, weight=None, bias=None) -> str:
         """LayerNorm over the last axis: with its weight and bias, or bare (a folded pre-norm)."""
@@ -158,30 +160,16 @@ class StepGraph:
         how = ACTIVATIONS[name]
         if how == "silu":
             return self.op("Mul", x, self.op("Sigmoid", x))
-        if how == "tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-            cubic = self.op("Mul", self.op("Mul", self.op("Mul", x, x), x), self.constant(0.044715))
-            inner = self.op("Mul", self.op("Add", x, cubic), self.constant((2 / np.pi) ** 0.5))
-            half = self.op("Mul", x, self.constant(0.5))
-            return self.op("Mul", half, self.op("Add", self.op("Tanh", inner), self.constant(1.0)))
+        if how == "tanh":
+            return self.op("Gelu", x, approximate="tanh")
         op_type, domain = how
         return self.op(op_type, x, domain=domain)
 
     def gated(self, x: str, name: str) -> str:
         """act(gate) * linear for x = [gate | linear] along the last axis (T5 v1.1's gated FF)."""
         gate, linear = self._fresh("gate"), self._fresh("linear")
-        self.nodes.append(helper.make_node("Split", [x], [gate, linear], axis=-1))  # two equal halves
+        self.nodes.append(helper.make_node("Split", [x], [gate, linear], axis=-1, num_outputs=2))  # two equal halves
         return self.op("Mul", self.activation(gate, name), linear)
-
-    @staticmethod
-    def _layer_of(cache: str, layer: int) -> str:
-        """The input holding one layer's cache (one input per layer: slicing one input of every layer
-        in the graph would copy the whole cache each step)."""
-        return f"{cache}.{layer}"
-
-    @staticmethod
-    def updated(cache_input: str) -> str:
-        """The name of the output that is the cache input ``cache_input`` updated in place."""
-        return f"{cache_input}.updated"
 
     def _one_more_row(self, x: str) -> str:
         """[A, W, n] -> [A, W + 1, n], a row of zeros after the last.
@@ -195,6 +183,39 @@ class StepGraph:
     def _without_last_row(self, x: str) -> str:
         return self.op("Slice", x, self.constant([0], np.int64, name="start"), self.constant([-1], np.int64, name="end"),
                        self.constant([1], np.int64, name="axis"))
+
+    def finished(self, name: str, inputs: dict[str, tuple], outputs: dict[str, tuple]) -> onnx.ModelProto:
+        """The graph as a model. ``inputs``: name -> (element type, shape); ``outputs``: name ->
+        (the value it is, element type, shape)."""
+        for output, (value, *_) in outputs.items():
+            if value != output:
+                self.nodes.append(helper.make_node("Identity", [value], [output]))
+        graph = helper.make_graph(
+            self.nodes, name, [helper.make_tensor_value_info(key, *info) for key, info in inputs.items()],
+            [helper.make_tensor_value_info(key, *info) for key, (_, *info) in outputs.items()],
+            [numpy_helper.from_array(value, key) for key, value in self.initializers.items()])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MICROSOFT, 1)])
+
+
+class StepGraph(LayerGraph):
+    """Builds one decoder step of a model with ``layers`` layers of ``heads`` heads of ``d_kv``."""
+
+    def __init__(self, *, layers: int, self_bias: bool, **shape):
+        """``self_bias``: whether self-attention adds a bias input to its scores (T5's relative
+        positions); without one it is only causal. ``shape``: LayerGraph's."""
+        super().__init__(**shape)
+        self.layers, self.self_bias = layers, self_bias
+
+    @staticmethod
+    def _layer_of(cache: str, layer: int) -> str:
+        """The input holding one layer's cache (one input per layer: slicing one input of every layer
+        in the graph would copy the whole cache each step)."""
+        return f"{cache}.{layer}"
+
+    @staticmethod
+    def updated(cache_input: str) -> str:
+        """The name of the output that is the cache input ``cache_input`` updated in place."""
+        return f"{cache_input}.updated"
 
     def self_attention(self, layer: int, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
         """Causal self-attention of the fed positions: hidden [A, W, d] @ [d, 3 * inner] gives q, k, v
@@ -229,31 +250,60 @@ class StepGraph:
 
     def model(self, logits: str) -> onnx.ModelProto:
         """The finished step: ``logits`` [n, V] and every layer's self-attention cache, updated, as outputs."""
-        self.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
         floats, ints = TensorProto.FLOAT, TensorProto.INT32
-        L, H, dk = self.layers, self.heads, self.d_kv
+        H, dk = self.heads, self.d_kv
         caches = {"self_k": ["A", H, "C", dk], "self_v": ["A", H, "C", dk], "cross_k": ["A", H, "S", dk],
                   "cross_v": ["A", H, "S", dk]}
-        inputs = [
-            helper.make_tensor_value_info("hidden", floats, ["A", "W", self.d_model]),
-            *([helper.make_tensor_value_info("self_bias", floats, ["A", H, "W1", "C"])] if self.self_bias else []),
-            helper.make_tensor_value_info("seqlens_k", ints, ["A"]),
-            helper.make_tensor_value_info("query_seqlens", ints, ["A"]),
-            helper.make_tensor_value_info("total_sequence_length", ints, []),
-            helper.make_tensor_value_info("source_lengths", ints, ["A"]),
-            helper.make_tensor_value_info("read", TensorProto.INT64, ["n"]),
-            *(helper.make_tensor_value_info(self._layer_of(cache, layer), floats, shape)
-              for cache, shape in caches.items() for layer in range(L)),
-        ]
-        outputs = [
-            helper.make_tensor_value_info("logits", floats, ["n", "V"]),
-            *(helper.make_tensor_value_info(self.updated(self._layer_of(cache, layer)), floats, caches[cache])
-              for cache in ("self_k", "self_v") for layer in range(L)),
-        ]
-        initializers = [numpy_helper.from_array(value, name) for name, value in self.initializers.items()]
-        graph = helper.make_graph(self.nodes, "decoder_step", inputs, outputs, initializers)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                       helper.make_opsetid(MICROSOFT, 1)])
+        inputs = {"hidden": (floats, ["A", "W", self.d_model])}
+        if self.self_bias:
+            inputs["self_bias"] = (floats, ["A", H, "W1", "C"])
+        inputs.update({"seqlens_k": (ints, ["A"]), "query_seqlens": (ints, ["A"]), "total_sequence_length": (ints, []),
+                       "source_lengths": (ints, ["A"]), "read": (TensorProto.INT64, ["n"])})
+        layers = [(cache, layer) for cache in caches for layer in range(self.layers)]
+        inputs.update({self._layer_of(cache, layer): (floats, caches[cache]) for cache, layer in layers})
+        outputs = {"logits": (logits, floats, ["n", "V"])}
+        for cache, layer in layers:
+            if cache.startswith("self"):
+                updated = self.updated(self._layer_of(cache, layer))
+                outputs[updated] = (updated, floats, caches[cache])
+        return self.finished("decoder_step", inputs, outputs)
+
+
+class EncoderGraph(LayerGraph):
+    """Builds a model's admission: its encoder over right-padded sources and every decoder layer's
+    cross-attention keys and values from the encoder's output (``projections_only``: from encoder
+    states given, when another model's identical encoder computed them)."""
+
+    def __init__(self, *, source_bias: bool, projections_only: bool = False, **shape):
+        """``source_bias``: whether attention adds a bias input to its scores (T5's relative
+        positions). ``shape``: LayerGraph's (the encoder's heads)."""
+        super().__init__(**shape)
+        self.source_bias, self.projections_only = source_bias, projections_only
+
+    def self_attention(self, hidden: str, matrix, bias=None, scale: float = 1.0) -> str:
+        """Attention of every source position to every other of its row (its first ``source_lengths``):
+        hidden [A, S, d] @ [d, 3 * inner] gives q, k, v -> [A, S, inner]. (The engine pads S to at
+        least 2: the reason is ``_one_more_row``'s.)"""
+        query, key, value = self._fresh("query"), self._fresh("key"), self._fresh("value")
+        self.nodes.append(helper.make_node("Split", [self.matmul(hidden, matrix, bias)], [query, key, value], axis=-1,
+                                           num_outputs=3))
+        inputs = _positional(MHA_INPUTS, query=query, key=key, value=value, key_padding_mask="source_lengths",
+                             attention_bias="source_bias" if self.source_bias else "")
+        return self.op("MultiHeadAttention", *inputs, domain=MICROSOFT, num_heads=self.heads, scale=scale)
+
+    def model(self, encoded: str, projections: str) -> onnx.ModelProto:
+        """The finished admission: ``encoded`` [A, S, d] and ``projections`` [A, S, L * 2 * inner]."""
+        floats, ints = TensorProto.FLOAT, TensorProto.INT32
+        if self.projections_only:
+            inputs = {"encoded": (floats, ["A", "S", self.d_model])}
+        else:
+            inputs = {"hidden": (floats, ["A", "S", self.d_model]), "source_lengths": (ints, ["A"])}
+            if self.source_bias:
+                inputs["source_bias"] = (floats, [1, self.heads, "S", "S"])
+        outputs = {"cross_kv": (projections, floats, ["A", "S", "KV"])}
+        if not self.projections_only:
+            outputs["encoded"] = (encoded, floats, ["A", "S", self.d_model])
+        return self.finished("admission", inputs, outputs)
 
 
 def _positional(names: tuple[str, ...], **given: str) -> list[str]:

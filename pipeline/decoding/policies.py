@@ -29,7 +29,7 @@ def fallback(small_probs: torch.Tensor, fallback_threshold: float) -> torch.Tens
 
     small_probs: [B, V] -> [B] bool
     """
-    return small_probs.max(dim=-1).values < fallback_threshold
+    return small_probs.amax(dim=-1) < fallback_threshold
 
 
 def _first_true(mask: torch.Tensor, default: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ class T5Weights(NativeWeights):
         super().__init__(model, unsupported_reason(model), quantize)
         config = self.config = model.config
         self.d_model, self.heads, self.d_kv = config.d_model, config.num_heads, head_size(config)
+        self.encoder_heads = self.heads
         self.eps = config.layer_norm_epsilon
         self.gated = bool(config.is_gated_act)
         self.act_name = config.dense_act_fn
@@ -146,8 +147,8 @@ class T5Weights(NativeWeights):
     @torch.inference_mode()
     def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         rows, width = input_ids.shape
-        x = F.embedding(input_ids, self.encoder_embedding).view(rows * width, -1)
-        bias = self.bias_table(width, causal=False)[None]  # [1, H, S, S]
+        x = self.source_embedding(input_ids).view(rows * width, -1)
+        bias = self.source_bias(width)
         if min(lengths) < width:  # padded keys are never attended
             padding = torch.arange(width, device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
             bias = bias.masked_fill(padding[:, None, None, :], float("-inf"))  # [J, H, S, S]
@@ -157,6 +158,13 @@ class T5Weights(NativeWeights):
             x = clamp_half(layer.out.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1)))
             x = self.feed_forward(x, layer)
         return (self.norm(x) * self.encoder_final_norm).view(rows, width, -1)
+
+    def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.encoder_embedding)
+
+    def source_bias(self, width: int) -> torch.Tensor:
+        """[1, H, S, S]: the encoder's relative position bias."""
+        return self.bias_table(width, causal=False)[None]
 
     def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
         rows, width, _ = encoded.shape
@@ -178,14 +186,28 @@ class T5Weights(NativeWeights):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.product(self.norm(hidden))
 
+    def _feed_forward_graph(self, graph, x: str, layer: _Layer) -> str:
+        hidden = graph.matmul(graph.rms_norm(x, self.eps), layer.ff_in)
+        hidden = graph.gated(hidden, self.act_name) if self.gated else graph.activation(hidden, self.act_name)
+        return graph.add(x, graph.matmul(hidden, layer.ff_out))
+
     def decoder_layer_graph(self, graph, x: str, index: int) -> str:
         layer, eps = self.decoder_layers[index], self.eps
         x = graph.add(x, graph.matmul(graph.self_attention(index, graph.rms_norm(x, eps), layer.qkv), layer.out))
         query = graph.matmul(graph.rms_norm(x, eps), layer.cross_q)
         x = graph.add(x, graph.matmul(graph.cross_attention(index, query), layer.cross_out))
-        hidden = graph.matmul(graph.rms_norm(x, eps), layer.ff_in)
-        hidden = graph.gated(hidden, self.act_name) if self.gated else graph.activation(hidden, self.act_name)
-        return graph.add(x, graph.matmul(hidden, layer.ff_out))
+        return self._feed_forward_graph(graph, x, layer)
 
     def logits_graph(self, graph, hidden: str) -> str:
         return graph.matmul(graph.rms_norm(hidden, self.eps), self.head)
+
+    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
+        layer = self.encoder_layers[index]
+        x = graph.add(x, graph.matmul(graph.self_attention(graph.rms_norm(x, self.eps), layer.qkv), layer.out))
+        return self._feed_forward_graph(graph, x, layer)
+
+    def encoder_output_graph(self, graph, x: str) -> str:
+        return graph.rms_norm(x, self.eps, self.encoder_final_norm)
+
+    def cross_kv_graph(self, graph, encoded: str) -> str:
+        return graph.matmul(encoded, self.cross_kv)
