@@ -238,11 +238,11 @@ class BartWeights(NativeWeights):
         future = position[None, :] > position[:, None]  # key after query
         return torch.zeros((1, capacity, capacity), dtype=self.dtype, device=self.device).masked_fill(future, float("-inf"))
 
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if int(positions.max()) >= len(self.decoder_positions):
             raise ValueError(f"position {int(positions.max())} is past the model's {len(self.decoder_positions)} positions")
-        return self._embedded(tokens, positions, self.decoder_embedding, self.decoder_positions,
-                              self.decoder_embedding_norm)
+        x = self._embedded(tokens, positions, self.decoder_embedding, self.decoder_positions, self.decoder_embedding_norm)
+        return x if out is None else out.copy_(x)
 
     def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
         layer = self.decoder_layers[index]

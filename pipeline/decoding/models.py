@@ -14,7 +14,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding import bart_engine, onnx_engine, t5_engine
+from pipeline.decoding import bart_engine, onnx_engine, onnx_sessions, t5_engine
 from pipeline.decoding.config import DTYPE_NAMES, ModelSpec
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.hf_engine import HFEngine
@@ -167,7 +167,7 @@ class ModelPair:
         if key not in self._engines:
             if self.engine_kind == "onnx" and role not in self._native:
                 weights = native_weights(getattr(self, role))  # float: the encoder's; the step quantizes its own
-                self._native[role] = (weights, onnx_engine.OnnxSessions(weights, self.quantize))
+                self._native[role] = (weights, onnx_sessions.OnnxSessions(weights, self.quantize))
             elif self.engine_kind == "native" and role not in self._native:
                 self._native[role] = native_weights(getattr(self, role), self.quantize)
             if self.engine_kind == "onnx":
@@ -198,7 +198,7 @@ def onnx_unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the onnx engine cannot run ``model`` where the native engine can (None when it can)."""
     for family, _ in NATIVE_FAMILIES:
         if family.unsupported_reason(model) is None:
-            return onnx_engine.unsupported_reason(family.head_size(model.config))
+            return onnx_sessions.unsupported_reason(family.head_size(model.config))
     return None
 
 

@@ -81,8 +81,9 @@ class NativeWeights(ABC):
         """[H or 1, C, C]: what query position i adds to key position j's score (-inf for j > i)."""
 
     @abstractmethod
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The decoder's input [R * W, d] for tokens [R, W] at absolute positions [R, W]."""
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder's input [R * W, d] for tokens [R, W] at absolute positions [R, W] (written into
+        ``out`` where given)."""
 
     @abstractmethod
     def decoder_layer(self, x: torch.Tensor, index: int, attend: "Attention") -> torch.Tensor:

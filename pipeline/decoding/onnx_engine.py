@@ -18,93 +18,15 @@ rollback is only a shorter length, as in the native engine.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
 import torch
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
 from pipeline.decoding.native import NativeWeights
+from pipeline.decoding.onnx_sessions import OnnxSessions
 
-MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntime onnx"
-PROTOBUF_LIMIT = 1 << 30  # weights up to 1 GiB travel inside the serialized graph, larger ones in a file
-
-
-def unsupported_reason(head_size: int) -> str | None:
-    """Why the onnx engine cannot run a model with heads this wide, or None when it can."""
-    if head_size % 8:
-        return f"its attention heads are {head_size} wide, not a multiple of 8 (onnxruntime's GroupQueryAttention)"
-    return None
-
-
-def _session(graph, model):
-    """An onnxruntime session on the CPU for ``model`` (built by ``graph``), run on as many threads as
-    torch uses here (one per actor CPU in a job)."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.inter_op_num_threads = 1
-    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3  # errors only
-    if sum(value.nbytes for value in graph.initializers.values()) < PROTOBUF_LIMIT:
-        return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    import onnx  # a protobuf message holds at most 2 GiB: the weights go beside the graph, in files
-
-    with tempfile.TemporaryDirectory(prefix="bild-onnx-") as folder:
-        path = os.path.join(folder, f"{model.graph.name}.onnx")
-        onnx.save_model(model, path, save_as_external_data=True, location="weights")
-        return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
-def _graphs():
-    """onnx_graph's builders; imported here: a machine without onnx and onnxruntime (the GPU check's)
-    runs every other engine."""
-    try:
-        import onnxruntime  # noqa: F401
-
-        from pipeline.decoding import onnx_graph
-    except ImportError as error:
-        raise ImportError(f"{MISSING} ({error})") from error
-    return onnx_graph
-
-
-class OnnxSessions:
-    """One model's onnxruntime sessions, shared by its engines of any number of slots: the decoder
-    step, and the admission of new rows (the encoder and every decoder layer's cross-attention
-    projections; or the projections alone, for states an identical encoder computed), each built when
-    first used."""
-
-    def __init__(self, weights: NativeWeights, quantize: str = "none"):
-        self.weights, self.quantize = weights, quantize
-        self._sessions: dict = {}
-
-    @property
-    def step(self):
-        if "step" not in self._sessions:
-            w, graphs = self.weights, _graphs()
-            graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
-                                     self_bias=w.position_bias, quantize=self.quantize)
-            hidden = "hidden"
-            for index in range(w.layer_count):
-                hidden = w.decoder_layer_graph(graph, hidden, index)
-            self._sessions["step"] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
-        return self._sessions["step"]
-
-    def admission(self, projections_only: bool = False):
-        if projections_only not in self._sessions:
-            w, graphs = self.weights, _graphs()
-            graph = graphs.EncoderGraph(d_model=w.d_model, heads=w.encoder_heads, d_kv=w.d_kv,
-                                        source_bias=w.position_bias, projections_only=projections_only,
-                                        quantize=self.quantize)
-            encoded = "encoded" if projections_only else "hidden"
-            if not projections_only:
-                for index in range(len(w.encoder_layers)):
-                    encoded = w.encoder_layer_graph(graph, encoded, index)
-                encoded = w.encoder_output_graph(graph, encoded)
-            self._sessions[projections_only] = _session(graph, graph.model(encoded, w.cross_kv_graph(graph, encoded)))
-        return self._sessions[projections_only]
+# Each row's attention lengths as GroupQueryAttention and MultiHeadAttention read them (onnx_graph).
+LENGTHS = ("query_seqlens", "seqlens_k", "source_lengths")
 
 
 class OnnxEngine(Engine):
@@ -118,9 +40,6 @@ class OnnxEngine(Engine):
         super().__init__(slots, weights.device)
         self.weights, self.sessions = weights, sessions
         self.vocab = weights.head.weight.shape[1]  # the logits' width
-        from onnxruntime import OrtValue  # here, not at the top: a machine without onnxruntime runs the other engines
-
-        self._ort_value = OrtValue
         w = weights
         self.capacity, self.sources = 0, 0
         empty = (w.layer_count, slots, w.heads, 0, w.d_kv)
@@ -128,8 +47,7 @@ class OnnxEngine(Engine):
         self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] each
         self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
-        self._bindings: dict = {}  # (first slot, end slot, C, S) -> the step's bound inputs (_binding)
-        self._bindings_storage = None  # the (C, S) those bindings were made at
+        self._calls: dict = {}  # (first slot, end slot, W, n) -> a _StepCall over that span, while C and S stay
         self._reserve(64)
 
     # --- memory -----------------------------------------------------------------------------------
@@ -142,7 +60,8 @@ class OnnxEngine(Engine):
         self.self_k = _grown(self.self_k, -2, capacity)
         self.self_v = _grown(self.self_v, -2, capacity)
         self.capacity, self.table = capacity, self.weights.self_mask(capacity)
-        self._one_token_bias = None  # [C, Hb, 2, C]: _self_bias of one token at each position
+        self._one_token_bias = None  # [C - 1, H, 2, C]: _self_bias of one token at each position
+        self._calls = {}  # bound to the old caches
 
     def _reserve_sources(self, length: int) -> None:
         if length <= self.sources:
@@ -151,6 +70,7 @@ class OnnxEngine(Engine):
         self.cross_k = _grown(self.cross_k, -2, sources)
         self.cross_v = _grown(self.cross_v, -2, sources)
         self.sources = sources
+        self._calls = {}
 
     # --- rows joining -----------------------------------------------------------------------------
 
@@ -193,39 +113,28 @@ class OnnxEngine(Engine):
         rows, width = feed.tokens.shape
         read, where, attended = self._rows_read(feed)
         positions = self._idle_positions(read, attended)  # idle slots of a span run at their own length ...
-        counts = np.zeros(attended, dtype=np.int32)  # ... feeding nothing
-        counts[where] = feed.counts
-        if where == list(range(rows)):
-            tokens = feed.tokens
-        else:
-            tokens = torch.zeros((attended, width), dtype=torch.long)
-            for r, a in enumerate(where):  # (a fed row's length is its position: Engine.forward checks)
-                tokens[a] = feed.tokens[r]
         self._reserve(max(positions) + width + 1)  # + 1: attention's extra query row (onnx_graph) writes one more
-        steps = np.add.outer(np.asarray(positions, dtype=np.int64), np.arange(width + 1))  # [A, W + 1]
-        hidden = self.weights.embed(tokens, torch.from_numpy(steps[:, :width])).view(attended, width, -1)
-        binding = self._binding(read)
-        lengths = np.asarray(positions, dtype=np.int32)
-        small_inputs = {
-            "hidden": hidden.numpy(),
-            # A fed row attends to its count + 1 queries (the extra one past its last: onnx_graph),
-            # an idle one to none; each row's keys end at seqlens_k.
-            "query_seqlens": np.where(counts > 0, counts + 1, 0).astype(np.int32),
-            "seqlens_k": np.where(counts > 0, lengths + counts, np.maximum(lengths, 1) - 1).astype(np.int32),
-            "total_sequence_length": np.array(self.capacity, dtype=np.int32),
-            "source_lengths": self.source_lengths[read],
-            "read": self._read_index(feed, where),
-        }
+        call = self._call(read, attended, width, sum(feed.reads))
+        if where == list(range(rows)):
+            tokens, counts = feed.tokens, feed.counts
+        else:
+            tokens, counts = torch.zeros((attended, width), dtype=torch.long), [0] * attended  # ... feeding nothing
+            for r, a in enumerate(where):  # (a fed row's length is its position: Engine.forward checks)
+                tokens[a], counts[a] = feed.tokens[r], feed.counts[r]
+        steps = torch.from_numpy(np.add.outer(positions, np.arange(width + 1)))  # [A, W + 1]
+        self.weights.embed(tokens, steps[:, :width], out=call.hidden)
+        # A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
+        # its length + count; an idle one with none, its keys as they are.
+        query, keys = call.inputs["query_seqlens"], call.inputs["seqlens_k"]
+        for a, (position, count) in enumerate(zip(positions, counts)):
+            query[a], keys[a] = (count + 1, position + count) if count else (0, max(position, 1) - 1)
+        call.inputs["read"][:] = [where[r] * width + i for r, (count, read_) in enumerate(zip(feed.counts, feed.reads))
+                                  for i in range(count - read_, count)]
         if self.weights.position_bias:
-            small_inputs["self_bias"] = self._self_bias(steps).numpy()
-        for name, array in small_inputs.items():
-            binding.bind_cpu_input(name, array)
-        logits = np.empty((len(small_inputs["read"]), self.vocab), dtype=np.float32)  # new each call: returned
-        binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(logits))
-        self.sessions.step.run_with_iobinding(binding)
-        logits = torch.from_numpy(logits)
+            self._self_bias(steps, call.self_bias)
+        logits = call.run(self.sessions.step)
         if not isinstance(read, slice):
-            self._write_back(feed, binding.caches)
+            self._write_back(feed, call.caches)
         return place_logits(logits, self._placement(feed), feed)
 
     def _idle_positions(self, read: slice | list[int], attended: int) -> list[int]:
@@ -244,55 +153,44 @@ class OnnxEngine(Engine):
             return slice(first, last + 1), [slot - first for slot in feed.slots], last - first + 1
         return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
 
-    def _binding(self, read: slice | list[int]):
-        """An onnxruntime IOBinding with every layer's cache of the slots ``read`` bound as the step's
-        inputs and, for the self-attention caches, as the outputs they are updated into: the same
-        memory, so the step writes the fed positions in place (onnx_graph: ``_scattered``). For a span
-        of slots the caches are bound as views of the engine's tensors, and the binding is kept while
-        they keep their storage (so a step at batch 1 binds only its small inputs and its logits);
-        other slots are gathered into copies, written back after the step (``_write_back``)."""
-        key = (read.start, read.stop, self.capacity, self.sources) if isinstance(read, slice) else None
-        if key is not None and key in self._bindings:
-            return self._bindings[key]
-        from pipeline.decoding.onnx_graph import StepGraph
-
-        binding = self.sessions.step.io_binding()
-        caches = {}  # name -> the arrays the bound values point into: kept alive with the binding
-        for name in ("self_k", "self_v", "cross_k", "cross_v"):
-            caches[name] = [self._rows(cache, read).numpy() for cache in getattr(self, name)]
-            for layer, array in enumerate(caches[name]):
-                value = self._ort_value.ortvalue_from_numpy(array)
-                binding.bind_ortvalue_input(f"{name}.{layer}", value)
-                if name in ("self_k", "self_v"):
-                    binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
-        binding.caches = caches
+    def _call(self, read: slice | list[int], attended: int, width: int, reads: int) -> "_StepCall":
+        """The step bound for these slots, W fed positions and ``reads`` logits read. For a span of
+        slots the caches are bound as views of the engine's tensors and the call is kept while they
+        keep their storage (so a step binds nothing); other slots are gathered into copies, written
+        back after the step (``_write_back``)."""
+        key = (read.start, read.stop, width, reads) if isinstance(read, slice) else None
+        if key in self._calls:
+            return self._calls[key]
+        w = self.weights
+        caches = {name: [self._rows(cache, read).numpy() for cache in getattr(self, name)]
+                  for name in ("self_k", "self_v", "cross_k", "cross_v")}
+        inputs = {name: np.zeros(attended, dtype=np.int32) for name in LENGTHS}
+        inputs["source_lengths"] = self.source_lengths[read]  # a view for a span: admission writes it in place
+        inputs["total_sequence_length"] = np.array(self.capacity, dtype=np.int32)
+        inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
+        inputs["read"] = np.zeros(reads, dtype=np.int64)
+        if w.position_bias:
+            inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, self.capacity), dtype=np.float32)
+        call = _StepCall(self.sessions.step, caches, inputs, (reads, self.vocab))
         if key is not None:
-            if key[2:] != self._bindings_storage:  # the caches grew: bindings to the old ones are stale
-                self._bindings, self._bindings_storage = {}, key[2:]
-            self._bindings[key] = binding
-        return binding
+            self._calls[key] = call
+        return call
 
     @staticmethod
     def _rows(cache: torch.Tensor, read: slice | list[int]) -> torch.Tensor:
         """The slots ``read`` of a cache: a view of one contiguous block, or a gathered copy."""
         return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
 
-    def _self_bias(self, steps: np.ndarray) -> torch.Tensor:
-        """[A, H, W + 1, C]: what each query at ``steps`` [A, W + 1] adds to its score over the key at
-        each cache position (T5's relative position bias; attention is causal by itself)."""
+    def _self_bias(self, steps: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` [A, H, W + 1, C]: what each query at ``steps`` [A, W + 1] adds to its score over the
+        key at each cache position (T5's relative position bias; attention is causal by itself)."""
         if steps.shape == (1, 2):  # one row, one token (a step at batch 1): a precomputed slice
             if self._one_token_bias is None:
                 rows = torch.arange(self.capacity - 1)[:, None] + torch.arange(2)  # [C - 1, 2]
                 self._one_token_bias = self.table[:, rows].transpose(0, 1).contiguous()  # [C - 1, H, 2, C]
-            return self._one_token_bias[int(steps[0, 0])][None]  # [1, H, 2, C]
-        return self.table[:, torch.from_numpy(steps)].transpose(0, 1).contiguous()  # [A, H, W + 1, C]
-
-    @staticmethod
-    def _read_index(feed: Feed, where: list[int]) -> np.ndarray:
-        """[n]: the flat positions a * W + i whose logits are read, row by row, last ones of each row."""
-        width = feed.width
-        return np.array([where[r] * width + i for r, (count, read) in enumerate(zip(feed.counts, feed.reads))
-                         for i in range(count - read, count)], dtype=np.int64)
+            out[0] = self._one_token_bias[int(steps[0, 0])]
+        else:
+            out.copy_(self.table[:, steps].transpose(0, 1))
 
     @staticmethod
     def _placement(feed: Feed) -> torch.Tensor | None:
@@ -311,6 +209,38 @@ class OnnxEngine(Engine):
         for layer in range(self.weights.layer_count):
             for name in ("self_k", "self_v"):
                 getattr(self, name)[layer, slots, :, steps] = torch.from_numpy(gathered[name][layer])[rows, :, steps]
+
+
+class _StepCall:
+    """The step bound once for one shape: the caches (as given), and arrays for the small inputs and
+    the logits, which each call fills in place. Binding a value costs more than the rest of a
+    step's Python, so a step of a shape seen before binds nothing."""
+
+    def __init__(self, session, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray],
+                 logits: tuple[int, int]):
+        from onnxruntime import OrtValue  # here: a machine without onnxruntime runs the other engines
+
+        from pipeline.decoding.onnx_graph import StepGraph
+
+        self.binding = session.io_binding()
+        self.caches, self.inputs = caches, inputs  # kept alive with the binding, which points into them
+        for name, arrays in caches.items():
+            for layer, array in enumerate(arrays):
+                value = OrtValue.ortvalue_from_numpy(array)
+                self.binding.bind_ortvalue_input(f"{name}.{layer}", value)
+                if name.startswith("self"):  # updated in place: the same memory as the input
+                    self.binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
+        for name, array in inputs.items():
+            self.binding.bind_cpu_input(name, array)
+        self.logits = np.empty(logits, dtype=np.float32)
+        self.binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(self.logits))
+        self.hidden = torch.from_numpy(inputs["hidden"]).view(-1, inputs["hidden"].shape[-1])  # [A * W, d]
+        self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
+
+    def run(self, session) -> torch.Tensor:
+        """The step's logits [n, V], a copy: the next call writes into the same array."""
+        session.run_with_iobinding(self.binding)
+        return torch.from_numpy(self.logits.copy())
 
 
 def _grown(cache: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:

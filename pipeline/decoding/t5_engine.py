@@ -174,8 +174,9 @@ class T5Weights(NativeWeights):
     def self_mask(self, capacity: int) -> torch.Tensor:
         return self.bias_table(capacity, causal=True)
 
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.decoder_embedding).view(tokens.numel(), -1)  # relative positions: in the mask
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # (relative positions: in the mask)
+        return torch.index_select(self.decoder_embedding, 0, tokens.reshape(-1), out=out)
 
     def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
         layer = self.decoder_layers[index]

@@ -16,7 +16,8 @@ from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import native_weights
 from pipeline.decoding.native import NativeEngine
-from pipeline.decoding.onnx_engine import OnnxEngine, OnnxSessions
+from pipeline.decoding.onnx_engine import OnnxEngine
+from pipeline.decoding.onnx_sessions import OnnxSessions
 from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
 from support import REPO
 from support.engine_checks import assert_lossless_at_every_batch_size, assert_same_tokens_and_statistics
@@ -203,7 +204,7 @@ def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     a file beside the graph and loaded from there: the same logits."""
     import onnx
 
-    from pipeline.decoding import onnx_engine
+    from pipeline.decoding import onnx_sessions
 
     model = build("bart")
     weights = native_weights(model)
@@ -212,8 +213,8 @@ def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     monkeypatch.setattr(onnx, "save_model", lambda *args, **kwargs: saved.append(kwargs) or real_save(*args, **kwargs))
     feed = Feed([0], torch.tensor([[model.config.decoder_start_token_id, 11, 12]]), [0], [3], [3])
     logits = []
-    for limit in (onnx_engine.PROTOBUF_LIMIT, 0):
-        monkeypatch.setattr(onnx_engine, "PROTOBUF_LIMIT", limit)
+    for limit in (onnx_sessions.PROTOBUF_LIMIT, 0):
+        monkeypatch.setattr(onnx_sessions, "PROTOBUF_LIMIT", limit)
         engine = OnnxEngine(weights, OnnxSessions(weights), 1)
         engine.admit([0], [encode(INPUTS[0])])  # the sessions are built when first used: admission, then the step
         logits.append(engine.forward(feed))
