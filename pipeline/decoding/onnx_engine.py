@@ -57,19 +57,22 @@ class OnnxEngine(Engine):
         if positions <= self.capacity:
             return
         capacity = max(positions, 2 * self.capacity)
-        self.self_k = _grown(self.self_k, -2, capacity)
-        self.self_v = _grown(self.self_v, -2, capacity)
+        self.self_k = _resized(self.self_k, -2, capacity)
+        self.self_v = _resized(self.self_v, -2, capacity)
         self.capacity, self.table = capacity, self.weights.self_mask(capacity)
         self._one_token_bias = None  # [C - 1, H, 2, C]: _self_bias of one token at each position
         self._calls = {}  # bound to the old caches
 
-    def _reserve_sources(self, length: int) -> None:
-        if length <= self.sources:
+    def _fit_sources(self) -> None:
+        """Room for the longest source the slots hold, and not more than twice it: cross-attention
+        reads every key position of the buffer (at batch 32 a 128-wide one cost 6x a 32-wide one),
+        so a long record gone leaves no cost behind it. Rounded up to 8 positions."""
+        needed = -(-int(self.source_lengths.max()) // 8) * 8
+        if needed <= self.sources <= 2 * needed:
             return
-        sources = max(length, 2 * self.sources)
-        self.cross_k = _grown(self.cross_k, -2, sources)
-        self.cross_v = _grown(self.cross_v, -2, sources)
-        self.sources = sources
+        self.cross_k = _resized(self.cross_k, -2, needed)
+        self.cross_v = _resized(self.cross_v, -2, needed)
+        self.sources = needed
         self._calls = {}
 
     # --- rows joining -----------------------------------------------------------------------------
@@ -99,12 +102,16 @@ class OnnxEngine(Engine):
             projections, = self.sessions.admission(projections_only=True).run(["cross_kv"], {"encoded": encoded.numpy()})
         w, width = self.weights, encoded.shape[1]
         kv = torch.from_numpy(projections).view(len(slots), width, w.layer_count, 2, w.heads, w.d_kv)
-        self._reserve_sources(width)
+        self.source_lengths[slots] = lengths
+        self._fit_sources()
         for row, (slot, length) in enumerate(zip(slots, lengths)):
             self.cross_k[:, slot, :, :length] = kv[row, :length, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
             self.cross_v[:, slot, :, :length] = kv[row, :length, :, 1].permute(1, 2, 0, 3)
-            self.source_lengths[slot] = length
         return encoded
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self.source_lengths[slot] = 1  # as an empty slot
 
     # --- the forward pass -------------------------------------------------------------------------
 
@@ -243,10 +250,10 @@ class _StepCall:
         return torch.from_numpy(self.logits.copy())
 
 
-def _grown(cache: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:
-    """``cache`` with its ``dim`` grown to ``size``, the old content kept at the start."""
+def _resized(cache: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``cache`` with its ``dim`` grown or cut to ``size``, the content up to it kept."""
     shape = list(cache.shape)
-    old, shape[dim] = shape[dim], size
-    grown = torch.full(shape, fill, dtype=cache.dtype)
-    grown.narrow(dim, 0, old).copy_(cache)
-    return grown
+    kept, shape[dim] = min(shape[dim], size), size
+    resized = torch.zeros(shape, dtype=cache.dtype)
+    resized.narrow(dim, 0, kept).copy_(cache.narrow(dim, 0, kept))
+    return resized

@@ -130,7 +130,9 @@ class Scheduler:
     def run(self, requests: Sequence[BatchRequest]) -> list[DecodeOutput]:
         if not requests:
             return []
-        queue = deque(range(len(requests)))
+        # Shortest inputs first: newcomers admitted together are padded to the longest of them (as
+        # CTranslate2 sorts a batch by length). Each row's tokens never depend on its neighbours.
+        queue = deque(sorted(range(len(requests)), key=lambda index: len(requests[index].input_ids)))
         buffer_length = max(len(self.prefix_for(r.input_ids)) for r in requests) + self.config.max_new_tokens + 1
         self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
         free = list(range(self.policy.batch_size))[::-1]
