@@ -115,9 +115,9 @@ PAPER_SHAPES = {  # T5 v1.0 shapes (architecture only, random weights)
 
 
 def projection(stats: dict[str, DecodeStats], text_len: int, max_width: int, device: torch.device,
-               engine: str = "native") -> dict:
-    """Time T5-small/T5-large-shaped steps here (on the same kind of engine as the pair) and apply
-    each method's counted calls (``stats``, method -> summed counters) to them."""
+               engine: str = "native", quantize: str = "none") -> dict:
+    """Time T5-small/T5-large-shaped steps here (on the same kind of engine as the pair, int8 where
+    it is) and apply each method's counted calls (``stats``, method -> summed counters) to them."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
@@ -125,7 +125,8 @@ def projection(stats: dict[str, DecodeStats], text_len: int, max_width: int, dev
     for name, shape in PAPER_SHAPES.items():
         model = T5ForConditionalGeneration(T5Config(vocab_size=32128, decoder_start_token_id=0, pad_token_id=0,
                                                     eos_token_id=1, **shape)).eval().to(device)
-        engines[name] = build_engine(model, engine if native_unsupported_reason(model) is None else "hf", 1)
+        kind = engine if native_unsupported_reason(model) is None else "hf"
+        engines[name] = build_engine(model, kind, 1, quantize=quantize if kind != "hf" else "none")
     input_ids = torch.randint(3, 32000, (text_len,))
     prefix = torch.zeros((1,), dtype=torch.long)
     cost = {

@@ -148,7 +148,7 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     if with_projection:
         lengths = [ids.shape[1] for ids in encoded]
         report["projection"] = projection(stats, int(np.median(lengths)), bild.max_draft_tokens, pair.device,
-                                          pair.engine_kind)
+                                          pair.engine_kind, pair.quantize)
     return report
 
 

@@ -98,7 +98,7 @@ class ModelPair:
     engine_request: str = "auto"
     quantize: str = "none"  # config.QUANTIZE_NAMES: "int8" runs int8 matrices where they pay (int8.py)
     _engines: dict = field(default_factory=dict, init=False, repr=False)
-    _native: dict = field(default_factory=dict, init=False, repr=False)
+    _prepared: dict = field(default_factory=dict, init=False, repr=False)  # role -> prepare()'s
 
     def __post_init__(self) -> None:
         check_compatible(self.small, self.large)
@@ -163,17 +163,11 @@ class ModelPair:
         admitted row starts from an empty slot. The native engines share one prepared copy of
         each model's weights.
         """
-        key = (role, slots)
+        key, model = (role, slots), getattr(self, role)
         if key not in self._engines:
-            if self.engine_kind == "onnx" and role not in self._native:
-                weights = native_weights(getattr(self, role))  # float: the encoder's; the step quantizes its own
-                self._native[role] = (weights, onnx_sessions.OnnxSessions(weights, self.quantize))
-            elif self.engine_kind == "native" and role not in self._native:
-                self._native[role] = native_weights(getattr(self, role), self.quantize)
-            if self.engine_kind == "onnx":
-                self._engines[key] = onnx_engine.OnnxEngine(*self._native[role], slots)
-            else:
-                self._engines[key] = build_engine(getattr(self, role), self.engine_kind, slots, self._native.get(role))
+            if role not in self._prepared:
+                self._prepared[role] = prepare(model, self.engine_kind, self.quantize)
+            self._engines[key] = build_engine(model, self.engine_kind, slots, self._prepared[role])
         return self._engines[key]
 
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -210,11 +204,24 @@ def native_weights(model: PreTrainedModel, quantize: str = "none") -> NativeWeig
     raise ValueError(native_unsupported_reason(model))
 
 
-def build_engine(model: PreTrainedModel, kind: str, slots: int, weights: NativeWeights | None = None) -> Engine:
-    """An engine of ``kind`` ("native" or "hf") for ``model`` with ``slots`` rows; ``weights`` passes
-    the native engine's prepared weights when they exist already."""
+def prepare(model: PreTrainedModel, kind: str, quantize: str = "none"):
+    """What ``model``'s engines of ``kind`` share whatever their slots: the native engine's weights
+    (int8 where ``quantize`` asks), with the onnx engine's sessions (which quantize their own: the
+    weights stay float); None for Hugging Face's."""
+    if kind == "onnx":
+        weights = native_weights(model)
+        return weights, onnx_sessions.OnnxSessions(weights, quantize)
+    return native_weights(model, quantize) if kind == "native" else None
+
+
+def build_engine(model: PreTrainedModel, kind: str, slots: int, prepared=None, quantize: str = "none") -> Engine:
+    """An engine of ``kind`` ("native", "onnx" or "hf") for ``model`` with ``slots`` rows; ``prepared``
+    passes ``prepare``'s result when it exists already."""
+    prepared = prepare(model, kind, quantize) if prepared is None else prepared
+    if kind == "onnx":
+        return onnx_engine.OnnxEngine(*prepared, slots)
     if kind == "native":
-        return NativeEngine(weights or native_weights(model), slots)
+        return NativeEngine(prepared, slots)
     return HFEngine(model, slots)
 
 

@@ -47,7 +47,7 @@ class OnnxEngine(Engine):
         self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] each
         self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
-        self._calls: dict = {}  # (first slot, end slot, W, n) -> a _StepCall over that span, while C and S stay
+        self._calls: dict = {}  # (first slot, end slot, W) -> a _StepCall over that span, while C and S stay
         self._reserve(64)
 
     # --- memory -----------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class OnnxEngine(Engine):
         read, where, attended = self._rows_read(feed)
         positions = self._idle_positions(read, attended)  # idle slots of a span run at their own length ...
         self._reserve(max(positions) + width + 1)  # + 1: attention's extra query row (onnx_graph) writes one more
-        call = self._call(read, attended, width, sum(feed.reads))
+        call = self._call(read, attended, width)
         if where == list(range(rows)):
             tokens, counts = feed.tokens, feed.counts
         else:
@@ -135,8 +135,8 @@ class OnnxEngine(Engine):
         query, keys = call.inputs["query_seqlens"], call.inputs["seqlens_k"]
         for a, (position, count) in enumerate(zip(positions, counts)):
             query[a], keys[a] = (count + 1, position + count) if count else (0, max(position, 1) - 1)
-        call.inputs["read"][:] = [where[r] * width + i for r, (count, read_) in enumerate(zip(feed.counts, feed.reads))
-                                  for i in range(count - read_, count)]
+        call.reading(sum(feed.reads))[:] = [where[r] * width + i for r, (count, read_)
+                                            in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
         if self.weights.position_bias:
             self._self_bias(steps, call.self_bias)
         logits = call.run(self.sessions.step)
@@ -160,12 +160,12 @@ class OnnxEngine(Engine):
             return slice(first, last + 1), [slot - first for slot in feed.slots], last - first + 1
         return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
 
-    def _call(self, read: slice | list[int], attended: int, width: int, reads: int) -> "_StepCall":
-        """The step bound for these slots, W fed positions and ``reads`` logits read. For a span of
-        slots the caches are bound as views of the engine's tensors and the call is kept while they
-        keep their storage (so a step binds nothing); other slots are gathered into copies, written
+    def _call(self, read: slice | list[int], attended: int, width: int) -> "_StepCall":
+        """The step bound for these slots and W fed positions. For a span of slots the caches are
+        bound as views of the engine's tensors and the call is kept while they keep their storage (so
+        a step binds nothing, or only what it reads); other slots are gathered into copies, written
         back after the step (``_write_back``)."""
-        key = (read.start, read.stop, width, reads) if isinstance(read, slice) else None
+        key = (read.start, read.stop, width) if isinstance(read, slice) else None
         if key in self._calls:
             return self._calls[key]
         w = self.weights
@@ -175,10 +175,9 @@ class OnnxEngine(Engine):
         inputs["source_lengths"] = self.source_lengths[read]  # a view for a span: admission writes it in place
         inputs["total_sequence_length"] = np.array(self.capacity, dtype=np.int32)
         inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
-        inputs["read"] = np.zeros(reads, dtype=np.int64)
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, self.capacity), dtype=np.float32)
-        call = _StepCall(self.sessions.step, caches, inputs, (reads, self.vocab))
+        call = _StepCall(self.sessions.step, caches, inputs, self.vocab)
         if key is not None:
             self._calls[key] = call
         return call
@@ -221,14 +220,15 @@ class OnnxEngine(Engine):
 class _StepCall:
     """The step bound once for one shape: the caches (as given), and arrays for the small inputs and
     the logits, which each call fills in place. Binding a value costs more than the rest of a
-    step's Python, so a step of a shape seen before binds nothing."""
+    step's Python, so a step of a shape seen before binds nothing, or only what it reads (at batch
+    32 the number of rows read changes as rows finish)."""
 
-    def __init__(self, session, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray],
-                 logits: tuple[int, int]):
+    def __init__(self, session, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray], vocab: int):
         from onnxruntime import OrtValue  # here: a machine without onnxruntime runs the other engines
 
         from pipeline.decoding.onnx_graph import StepGraph
 
+        self._ort_value, self.vocab = OrtValue, vocab
         self.binding = session.io_binding()
         self.caches, self.inputs = caches, inputs  # kept alive with the binding, which points into them
         for name, arrays in caches.items():
@@ -239,15 +239,27 @@ class _StepCall:
                     self.binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
         for name, array in inputs.items():
             self.binding.bind_cpu_input(name, array)
-        self.logits = np.empty(logits, dtype=np.float32)
-        self.binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(self.logits))
         self.hidden = torch.from_numpy(inputs["hidden"]).view(-1, inputs["hidden"].shape[-1])  # [A * W, d]
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
+        self._outputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (read [n], logits [n, V])
+        self._reads = None  # the n bound now
+
+    def reading(self, reads: int) -> np.ndarray:
+        """The read positions [n] to fill for a call that reads ``reads`` logits (bound, with its
+        logits, where the last call read another number)."""
+        if reads != self._reads:
+            if reads not in self._outputs:
+                self._outputs[reads] = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
+            index, logits = self._outputs[reads]
+            self.binding.bind_cpu_input("read", index)
+            self.binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(logits))
+            self._reads = reads
+        return self._outputs[reads][0]
 
     def run(self, session) -> torch.Tensor:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
         session.run_with_iobinding(self.binding)
-        return torch.from_numpy(self.logits.copy())
+        return torch.from_numpy(self._outputs[self._reads][1].copy())
 
 
 def _resized(cache: torch.Tensor, dim: int, size: int) -> torch.Tensor:

@@ -129,7 +129,7 @@ def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_
 
 def _weights(pair: ModelPair):
     pair.engine("large", 1)
-    return pair._native["large"]
+    return pair._prepared["large"]
 
 
 def test_int8_where_it_cannot_run_is_a_clear_error():
