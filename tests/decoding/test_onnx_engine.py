@@ -14,7 +14,7 @@ import torch
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
-from pipeline.decoding.models import native_weights
+from pipeline.decoding.models import build_engine, native_weights
 from pipeline.decoding.native import NativeEngine
 from pipeline.decoding.onnx_engine import OnnxEngine
 from pipeline.decoding.onnx_sessions import OnnxSessions
@@ -177,6 +177,20 @@ def test_int8_logits_stay_close_to_float32s():
     assert 0 < float(difference.norm() / logits["none"].norm()) < 0.05  # int8 really ran, and stayed close
     assert float(difference.abs().max() / logits["none"].std()) < 0.2
     assert (logits["int8"].argmax(-1) == logits["none"].argmax(-1)).float().mean() >= 0.9
+
+
+def test_build_engine_builds_it_with_the_int8_asked_for():
+    """What bench's projection and the pair use: int8 reaches the sessions (the same logits as an
+    engine built by hand), the weights stay float (the sessions quantize their own)."""
+    model = build("t5-v1.0")
+    built = build_engine(model, "onnx", 1, quantize="int8")
+    assert type(built) is OnnxEngine and built.sessions.quantize == "int8"
+    weights = native_weights(model)
+    by_hand = OnnxEngine(weights, OnnxSessions(weights, "int8"), 1)
+    feed = Feed([0], torch.tensor([[model.config.decoder_start_token_id, 11, 12]]), [0], [3], [3])
+    for engine in (built, by_hand):
+        engine.admit([0], [encode(INPUTS[0])])
+    assert torch.equal(built.forward(feed), by_hand.forward(feed))
 
 
 def test_where_it_cannot_run_is_a_clear_error():
