@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
-from pipeline.decoding.ct2_engine import CT2Generator
+from pipeline.decoding.engines.ct2_engine import CT2Generator
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.metrics import quality as q
 

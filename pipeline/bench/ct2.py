@@ -1,11 +1,11 @@
 """CTranslate2 as a baseline for our benchmarks: both models of a pair converted and loaded as
-`CT2Model`s (pipeline/decoding/ct2_engine.py), in float32 and in int8, beside our own engines."""
+`CT2Model`s (pipeline/decoding/engines/ct2_engine.py), in float32 and in int8, beside our own engines."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.decoding.ct2_engine import CT2Model, available
+from pipeline.decoding.engines.ct2_engine import CT2Model, available
 
 __all__ = ["CT2Model", "available", "convert_pair"]
 

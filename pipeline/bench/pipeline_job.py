@@ -70,7 +70,7 @@ def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
     records, `bench-batch`'s CTranslate2 cell (one `translate_batch` over them all, max_batch_size =
     compute.batch_size, same threads), alternating in one process: the job's decoding tokens/s over its
     actors' busy time against in-process tokens/s, per repetition, and whether the texts agree."""
-    from pipeline.decoding.ct2_engine import load_checkpoint
+    from pipeline.decoding.engines.ct2_engine import load_checkpoint
     from pipeline.decoding.generator import encode_text
     from pipeline.io.storage import input_files, read_ids, read_output_table, read_records
 

@@ -1,8 +1,8 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
 config and policies hold the rules, scheduler drives them over a batch of rows, and the engines
-(engine.py: hf_engine, the native t5_engine and bart_engine, and onnx_engine) run the models behind
-one seam.
+(engines/: hf_engine, the native t5_engine and bart_engine, onnx_engine, ct2_engine) run the models
+behind one seam (engine.py).
 
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
 Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.
@@ -22,8 +22,8 @@ _EXPORTS = {
     "GenerationResult": "generator",
     "Generator": "generator",
     "InputError": "generator",
-    "HFEngine": "hf_engine",
-    "UnsupportedModelError": "hf_engine",
+    "HFEngine": "engines.hf_engine",
+    "UnsupportedModelError": "engines.hf_engine",
     "IncompatiblePairError": "models",
     "ModelPair": "models",
     "check_pair": "models",
@@ -40,8 +40,8 @@ _EXPORTS = {
     "decode_batch": "scheduler",
     "DecodeOutput": "stats",
     "DecodeStats": "stats",
-    "NativeEngine": "native",
-    "OnnxEngine": "onnx_engine",
+    "NativeEngine": "engines.native",
+    "OnnxEngine": "engines.onnx_engine",
 }
 
 __all__ = sorted(_EXPORTS)

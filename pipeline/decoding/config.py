@@ -13,13 +13,13 @@ METHODS: tuple[str, ...] = ("bild", "speculative", "cascade", "large", "small")
 DEFERRALS: tuple[str, ...] = ("chow", "diff", "opt")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")
 # Which engine runs a pair's models (engine.py): auto/native take the native one where it exists; onnx
-# runs the native engine's decoder step as one onnxruntime call (onnx_engine.py; CPU, float32 or int8).
+# runs the native engine's decoder step as one onnxruntime call (engines/onnx_engine.py; CPU, float32 or int8).
 PAIR_ENGINES: tuple[str, ...] = ("auto", "native", "hf", "onnx")
-# A job may also run one model alone on CTranslate2 (ct2_engine.py: methods large and small only).
+# A job may also run one model alone on CTranslate2 (engines/ct2_engine.py: methods large and small only).
 ENGINES: tuple[str, ...] = (*PAIR_ENGINES, "ct2")
 PLAIN_METHODS: tuple[str, ...] = ("large", "small")  # one model decodes alone: what ct2 runs
 DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
-# Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (int8.py).
+# Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (engines/int8.py).
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")
 
 

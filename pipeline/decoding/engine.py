@@ -11,8 +11,8 @@ model's key/value cache for ``slots`` rows and offers four verbs:
   nothing is copied or recomputed);
 - ``release(slot)``: the row left; the slot is free for the next one.
 
-``HFEngine`` (hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
-engines (t5_engine.py, one file per model family) run their own forward pass over a preallocated
+``HFEngine`` (engines/hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
+engines (engines/t5_engine.py, one file per model family) run their own forward pass over a preallocated
 cache. ``engine_kind`` decides which one a model gets.
 """
 

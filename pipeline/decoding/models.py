@@ -14,11 +14,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding import bart_engine, onnx_engine, onnx_sessions, t5_engine
+from pipeline.decoding.engines import bart_engine, onnx_engine, onnx_sessions, t5_engine
 from pipeline.decoding.config import DTYPE_NAMES, ModelSpec
 from pipeline.decoding.engine import Engine, engine_kind
-from pipeline.decoding.hf_engine import HFEngine
-from pipeline.decoding.native import NativeEngine, NativeWeights
+from pipeline.decoding.engines.hf_engine import HFEngine
+from pipeline.decoding.engines.native import NativeEngine, NativeWeights
 
 # The model families the native engine runs: each module has unsupported_reason(model) and a weights class.
 NATIVE_FAMILIES = ((t5_engine, t5_engine.T5Weights), (bart_engine, bart_engine.BartWeights))
@@ -96,7 +96,7 @@ class ModelPair:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     engine_request: str = "auto"
-    quantize: str = "none"  # config.QUANTIZE_NAMES: "int8" runs int8 matrices where they pay (int8.py)
+    quantize: str = "none"  # config.QUANTIZE_NAMES: "int8" runs int8 matrices where they pay (engines/int8.py)
     _engines: dict = field(default_factory=dict, init=False, repr=False)
     _prepared: dict = field(default_factory=dict, init=False, repr=False)  # role -> prepare()'s
 

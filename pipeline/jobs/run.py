@@ -165,7 +165,7 @@ def _check_engines(job: JobConfig, points: "Points") -> None:
     """Engine ct2 (models.engine or report.baseline_engine) needs the ctranslate2 package and runs the
     plain methods only: a sweep's grid points decode with both models."""
     from pipeline.decoding.config import PLAIN_METHODS
-    from pipeline.decoding.ct2_engine import available
+    from pipeline.decoding.engines.ct2_engine import available
 
     wanted = [key for key, engine in (("models.engine", job.models.engine),
                                       ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]

@@ -198,7 +198,7 @@ class JobConfig(_Section):
                              f"Python API cannot cut a decoder cache back to verify drafts); decoding.method is "
                              f"{self.decoding.method!r}")
         if "ct2" in (self.models.engine, self.report.baseline_engine) and self.decoding.do_sample:
-            from pipeline.decoding.ct2_engine import SAMPLING_UNSUPPORTED
+            from pipeline.decoding.engines.ct2_engine import SAMPLING_UNSUPPORTED
 
             raise ValueError(SAMPLING_UNSUPPORTED)
         if baseline_engine == "ct2" and self.report.baseline not in (None, *PLAIN_METHODS):

@@ -1,4 +1,4 @@
-"""pipeline/decoding/ct2_engine.py: models.engine ct2 gives the tokens our own engine gives for methods
+"""pipeline/decoding/engines/ct2_engine.py: models.engine ct2 gives the tokens our own engine gives for methods
 large and small (two families, batch 1 and 4), caches its conversions by content, and refuses what it
 cannot run, naming the key."""
 
@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
-from pipeline.decoding import ct2_engine
-from pipeline.decoding.ct2_engine import CT2Generator, checkpoint_hash, converted_checkpoint
+from pipeline.decoding.engines import ct2_engine
+from pipeline.decoding.engines.ct2_engine import CT2Generator, checkpoint_hash, converted_checkpoint
 from pipeline.decoding.scheduler import BatchPolicy
 from pipeline.tiny import save_pair
 from support.pairs import TEXTS

@@ -15,7 +15,7 @@ import torch
 
 import pipeline.decoding.scheduler as scheduler_module
 from pipeline.decoding import speculative_verify
-from pipeline.decoding.hf_engine import HFEngine
+from pipeline.decoding.engines.hf_engine import HFEngine
 from pipeline.decoding.models import build_engine
 from pipeline.decoding.policies import Verdict
 from pipeline.decoding.sampling import RowSampler
@@ -92,7 +92,7 @@ def test_speculative_loop_preserves_the_large_models_distribution(family, varian
 
 def test_the_t5_engine_runs_natively_here():
     """The T5 half of the tests above really goes through the native engine."""
-    from pipeline.decoding.native import NativeEngine
+    from pipeline.decoding.engines.native import NativeEngine
 
     small, large = tiny_vocab_pair("t5")
     assert isinstance(build_engine(large, "native", 1), NativeEngine)

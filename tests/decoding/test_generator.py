@@ -97,7 +97,7 @@ def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass(engine, mo
     from support.pairs import TEXTS, tiny_pair
     from pipeline.decoding.models import ModelPair
     from pipeline.decoding.scheduler import BatchPolicy
-    from pipeline.decoding.t5_engine import T5Weights
+    from pipeline.decoding.engines.t5_engine import T5Weights
     from pipeline.training.shrink import shrink_from_large
 
     base = tiny_pair("t5", "independent", 0)

@@ -1,4 +1,4 @@
-"""int8 weights (models.quantize: int8, pipeline/decoding/int8.py) on the native engines.
+"""int8 weights (models.quantize: int8, pipeline/decoding/engines/int8.py) on the native engines.
 
 The invariants hold against the model that runs: int8 BiLD with rollback_threshold 0 and greedy
 speculative decoding return exactly int8 `large`'s greedy tokens at every batch size, on both native
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding import int8
-from pipeline.decoding.native import Matrix
+from pipeline.decoding.engines import int8
+from pipeline.decoding.engines.native import Matrix
 from pipeline.tiny import build_pair
 from support import REPO
 from support.engine_checks import assert_lossless_at_every_batch_size

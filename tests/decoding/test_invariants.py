@@ -16,7 +16,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import Engine
 from pipeline.decoding.sampling import RowSampler
-from pipeline.decoding.t5_engine import T5Weights
+from pipeline.decoding.engines.t5_engine import T5Weights
 from support.pairs import TEXTS, tiny_pair
 from support.reference import next_token_logits, reference_bild
 

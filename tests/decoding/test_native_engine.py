@@ -14,7 +14,7 @@ import torch
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import native_unsupported_reason, native_weights
-from pipeline.decoding.native import NativeEngine
+from pipeline.decoding.engines.native import NativeEngine
 from pipeline.tiny import PAD, byte_tokenizer, noisy_copy
 from support.native_models import LAYOUTS, MODELS, build, build_t5, encode
 from support.pairs import TEXTS

@@ -15,9 +15,9 @@ import torch
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import build_engine, native_weights
-from pipeline.decoding.native import NativeEngine
-from pipeline.decoding.onnx_engine import OnnxEngine
-from pipeline.decoding.onnx_sessions import OnnxSessions
+from pipeline.decoding.engines.native import NativeEngine
+from pipeline.decoding.engines.onnx_engine import OnnxEngine
+from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
 from support import REPO
 from support.engine_checks import assert_lossless_at_every_batch_size, assert_same_tokens_and_statistics
@@ -218,7 +218,7 @@ def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     a file beside the graph and loaded from there: the same logits."""
     import onnx
 
-    from pipeline.decoding import onnx_sessions
+    from pipeline.decoding.engines import onnx_sessions
 
     model = build("bart")
     weights = native_weights(model)

@@ -64,7 +64,7 @@ def test_a_sweep_or_a_missing_package_stops_before_ray(saved_tiny_pair, tmp_path
     points = grid_points(job.decoding.to_config(), [0.5], [1.0])
     with pytest.raises(EngineError, match="models.engine ct2 runs methods large and small only; these points use bild"):
         run_job(job, points=points)
-    monkeypatch.setattr("pipeline.decoding.ct2_engine.available", lambda: False)
+    monkeypatch.setattr("pipeline.decoding.engines.ct2_engine.available", lambda: False)
     with pytest.raises(EngineError, match=r"pip install 'bild-pipeline\[ct2\]'"):
         run_job(job)
     assert not (tmp_path / "out").exists()

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
-from pipeline.decoding import int8
+from pipeline.decoding.engines import int8
 
 
 class NativeWeights(ABC):

@@ -8,7 +8,7 @@ import tempfile
 
 import torch
 
-from pipeline.decoding.native import NativeWeights
+from pipeline.decoding.engines.native import NativeWeights
 
 MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntime onnx"
 PROTOBUF_LIMIT = 1 << 30  # weights up to 1 GiB travel inside the serialized graph, larger ones in a file
@@ -47,7 +47,7 @@ def _graphs():
     try:
         import onnxruntime  # noqa: F401
 
-        from pipeline.decoding import onnx_graph
+        from pipeline.decoding.engines import onnx_graph
     except ImportError as error:
         raise ImportError(f"{MISSING} ({error})") from error
     return onnx_graph

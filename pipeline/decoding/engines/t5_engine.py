@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half
+from pipeline.decoding.engines.native import Attention, Matrix, NativeWeights, clamp_half
 
 SUPPORTED = {"T5ForConditionalGeneration": "t5", "MT5ForConditionalGeneration": "mt5"}
 

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
 
-from pipeline.decoding.native import Attention, Matrix, NativeWeights, clamp_half, key_padding_mask
+from pipeline.decoding.engines.native import Attention, Matrix, NativeWeights, clamp_half, key_padding_mask
 
 
 @dataclass(frozen=True)

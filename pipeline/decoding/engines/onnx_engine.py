@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
-from pipeline.decoding.native import NativeWeights
-from pipeline.decoding.onnx_sessions import OnnxSessions
+from pipeline.decoding.engines.native import NativeWeights
+from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
 # Each row's attention lengths as GroupQueryAttention and MultiHeadAttention read them (onnx_graph).
 LENGTHS = ("query_seqlens", "seqlens_k", "source_lengths")
@@ -226,7 +226,7 @@ class _StepCall:
     def __init__(self, session, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray], vocab: int):
         from onnxruntime import OrtValue  # here: a machine without onnxruntime runs the other engines
 
-        from pipeline.decoding.onnx_graph import StepGraph
+        from pipeline.decoding.engines.onnx_graph import StepGraph
 
         self._ort_value, self.vocab = OrtValue, vocab
         self.binding = session.io_binding()
