@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import pipeline.decoding.scheduler as scheduler_module
+
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import build_engine, native_weights
@@ -20,6 +22,8 @@ from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
 from support import REPO
+from support.distributions import (RESIDUALS, check_loop, engine_probs_of, sample_loop, tiny_vocab_pair,
+                                   verify_with_residual)
 from support.engine_checks import assert_lossless_at_every_batch_size, assert_same_tokens_and_statistics
 from support.native_models import LAYOUTS, SHAPES, build, encode
 from support.pairs import TEXTS
@@ -28,6 +32,7 @@ from support.pairs import TEXTS
 MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb"]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 20
+INT8_SAMPLES = 4000  # as the batched distribution test (test_batch.py)
 
 
 def engines(model, slots: int, quantize: str = "none") -> tuple[OnnxEngine, NativeEngine]:
@@ -156,6 +161,20 @@ def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_
     small, large, tokenizer = build_pair(family, seed=0, small="noisy")
     pair = ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request="onnx", quantize="int8")
     assert_lossless_at_every_batch_size(pair, INPUTS, MAX_NEW)
+
+
+@pytest.mark.parametrize("variant", ["fixed", "residual_is_p"])
+def test_int8_speculative_sampling_keeps_the_int8_large_models_distribution(variant, monkeypatch):
+    """Speculative sampling on an int8 pair (the tiny-vocabulary T5 pair, float32, every matrix int8
+    on this engine) at batch 64: four tokens follow the int8 large model's own pL(t1..t4), enumerated
+    with the same engine, and the bonus tokens its pL(t4 | t1..t3); a replacement drawn from p
+    instead of the residual fails the same tests."""
+    if variant in RESIDUALS:
+        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+    large = tiny_vocab_pair("t5")[1].float()
+    reference = build_engine(large, "onnx", 1, quantize="int8")
+    outputs = sample_loop("t5", INT8_SAMPLES, 64, variant, engine="onnx", quantize="int8")
+    check_loop(outputs, "t5", variant, INT8_SAMPLES, probs_of=engine_probs_of(reference))
 
 
 def test_int8_logits_stay_close_to_float32s():

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from scipy.stats import chisquare
 
-from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Scheduler
+from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Feed, Scheduler
 from pipeline.decoding.models import build_engine
 from pipeline.decoding.policies import Verdict, speculative_verify
 
@@ -62,13 +62,32 @@ def next_token_probs_of(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits[:, -1], -1)
 
 
-def sequence_distribution(large, length: int) -> torch.Tensor:
+def engine_probs_of(engine) -> Callable[[torch.Tensor], torch.Tensor]:
+    """next_token_probs_of for the model an encoder-decoder engine runs, with the engine's own
+    arithmetic (int8 included): each row fed after the start token (0), one row at a time."""
+
+    def probs_of(tokens: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for row in tokens:
+            engine.admit([0], [SOURCE])
+            fed = torch.cat([torch.zeros(1, dtype=torch.long), row])[None]  # [1, n + 1]
+            logits = engine.forward(Feed([0], fed, [0], [fed.shape[1]], [1]))[0, 0]
+            engine.release(0)
+            rows.append(torch.softmax(logits.double(), -1))
+        return torch.stack(rows)
+
+    return probs_of
+
+
+def sequence_distribution(large, length: int, probs_of=None) -> torch.Tensor:
     """pL(t1 .. t_length | source) over all VOCAB ** length sequences, flattened in base VOCAB
-    (t1 most significant): the index sequence_index() gives."""
+    (t1 most significant): the index sequence_index() gives. ``probs_of``: another way to compute
+    next_token_probs_of(large, ...) (engine_probs_of)."""
+    probs_of = probs_of or functools.partial(next_token_probs_of, large)
     probs = torch.ones(1, dtype=torch.float64)
     for n in range(length):
         prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=n)), dtype=torch.long).reshape(VOCAB**n, n)
-        probs = (probs[:, None] * next_token_probs_of(large, prefixes)).flatten()
+        probs = (probs[:, None] * probs_of(prefixes)).flatten()
     return probs
 
 
@@ -151,18 +170,22 @@ LOOP_TOKENS = 4
 LOOP_WINDOW = 3  # a first window accepted whole is followed by a bonus token: the fourth
 
 
-def sample_loop(family: str, samples: int, batch_size: int, variant: str = "fixed") -> list:
+def sample_loop(family: str, samples: int, batch_size: int, variant: str = "fixed", engine: str | None = None,
+                quantize: str = "none") -> list:
     """``samples`` outputs of LOOP_TOKENS tokens from the scheduler on the noisy tiny-vocab pair
-    (GPT-2 on the Hugging Face engine, T5 on the native one), one seed per run: speculative sampling
-    with a fixed window (variant "fixed", or a RESIDUALS control the caller patches in) or BiLD's
-    fallback window ("fallback"); "small_only" samples the drafter alone (a negative control)."""
+    (GPT-2 on the Hugging Face engine, T5 on the native one, or on ``engine`` in float32 with
+    ``quantize``), one seed per run: speculative sampling with a fixed window (variant "fixed", or a
+    RESIDUALS control the caller patches in) or BiLD's fallback window ("fallback"); "small_only"
+    samples the drafter alone (a negative control)."""
     small, large = tiny_vocab_pair(family)
     method = "small" if variant == "small_only" else "speculative"
     config = DecodingConfig(method=method, do_sample=True, max_new_tokens=LOOP_TOKENS, max_draft_tokens=LOOP_WINDOW,
                             draft_window="fallback" if variant == "fallback" else "fixed",
                             fallback_threshold=FALLBACK[family])
-    kind = "native" if family == "t5" else "hf"
-    engines = [build_engine(model, kind, batch_size) for model in (small, large)]
+    kind = engine or ("native" if family == "t5" else "hf")
+    if engine is not None:
+        small, large = small.float(), large.float()
+    engines = [build_engine(model, kind, batch_size, quantize=quantize) for model in (small, large)]
     scheduler = Scheduler(engines[0], None if method == "small" else engines[1], config,
                           BatchPolicy(batch_size=batch_size), frozenset(), prefix_for=prefix_for(large))
     return scheduler.run([BatchRequest(SOURCE, seed=seed) for seed in range(samples)])
@@ -174,14 +197,14 @@ def is_bonus_run(out) -> bool:
     return out.stats.large_calls == 1 and out.stats.small_tokens == LOOP_WINDOW and len(out.tokens) == LOOP_TOKENS
 
 
-def loop_tests(outputs, large) -> tuple[Pooled, Pooled | None, int]:
+def loop_tests(outputs, large, probs_of=None) -> tuple[Pooled, Pooled | None, int]:
     """(the pooled chi-square of the outputs against pL(t1..t4), the same for the bonus tokens
     against pL(t4 | t1..t3) of their runs, the number of bonus runs).
 
     The bonus test sums each run's own conditional distribution into the expected counts; given
     their prefixes the bonus tokens are independent draws, and Pearson's statistic is then, if
     anything, smaller than with one common distribution (conservative)."""
-    joint = sequence_distribution(large, LOOP_TOKENS)
+    joint = sequence_distribution(large, LOOP_TOKENS, probs_of)
     whole = pooled_chisquare(sequence_counts(outputs, LOOP_TOKENS), joint)
     bonus = [out for out in outputs if is_bonus_run(out)]
     if not bonus:
@@ -193,12 +216,13 @@ def loop_tests(outputs, large) -> tuple[Pooled, Pooled | None, int]:
     return whole, pooled_chisquare(observed, expected), len(bonus)
 
 
-def check_loop(outputs, family: str, variant: str, samples: int) -> None:
+def check_loop(outputs, family: str, variant: str, samples: int, probs_of=None) -> None:
     """The assertions of the loop tests on ``samples`` outputs of sample_loop: a correct sampler
     (variant "fixed" or "fallback") passes both chi-square tests of loop_tests, a control (a
     RESIDUALS name, or "small_only": the drafter alone) fails them; a first window accepted whole,
-    and so a bonus token, occurred in many runs (not for "small_only", which verifies nothing)."""
-    whole, bonus, bonus_runs = loop_tests(outputs, tiny_vocab_pair(family)[1])
+    and so a bonus token, occurred in many runs (not for "small_only", which verifies nothing).
+    ``probs_of``: the large model's next-token probabilities as its engine computes them (int8)."""
+    whole, bonus, bonus_runs = loop_tests(outputs, tiny_vocab_pair(family)[1], probs_of)
     if variant == "small_only":
         assert bonus_runs == 0 and whole.pvalue < P_FLOOR, whole
         return

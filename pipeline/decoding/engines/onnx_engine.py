@@ -25,8 +25,8 @@ from pipeline.decoding.engine import Engine, Feed, place_logits
 from pipeline.decoding.engines.native import NativeWeights
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
-# Each row's attention lengths as GroupQueryAttention and MultiHeadAttention read them (onnx_graph).
-LENGTHS = ("query_seqlens", "seqlens_k", "source_lengths")
+# Bound steps kept per engine (spans of slots x widths; at batch 32 rows finishing make new spans).
+KEPT_CALLS = 64
 
 
 class OnnxEngine(Engine):
@@ -171,14 +171,16 @@ class OnnxEngine(Engine):
         w = self.weights
         caches = {name: [self._rows(cache, read).numpy() for cache in getattr(self, name)]
                   for name in ("self_k", "self_v", "cross_k", "cross_v")}
-        inputs = {name: np.zeros(attended, dtype=np.int32) for name in LENGTHS}
-        inputs["source_lengths"] = self.source_lengths[read]  # a view for a span: admission writes it in place
-        inputs["total_sequence_length"] = np.array(self.capacity, dtype=np.int32)
+        inputs = {"query_seqlens": np.zeros(attended, dtype=np.int32), "seqlens_k": np.zeros(attended, dtype=np.int32),
+                  "source_lengths": self.source_lengths[read],  # a view for a span: admission writes it in place
+                  "total_sequence_length": np.array(self.capacity, dtype=np.int32)}
         inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, self.capacity), dtype=np.float32)
         call = _StepCall(self.sessions.step, caches, inputs, self.vocab)
         if key is not None:
+            if len(self._calls) >= KEPT_CALLS:
+                self._calls.pop(next(iter(self._calls)))  # the oldest
             self._calls[key] = call
         return call
 
@@ -241,25 +243,21 @@ class _StepCall:
             self.binding.bind_cpu_input(name, array)
         self.hidden = torch.from_numpy(inputs["hidden"]).view(-1, inputs["hidden"].shape[-1])  # [A * W, d]
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
-        self._outputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (read [n], logits [n, V])
-        self._reads = None  # the n bound now
+        self.read = self.logits = None  # [n] and [n, V], bound by ``reading``
 
     def reading(self, reads: int) -> np.ndarray:
         """The read positions [n] to fill for a call that reads ``reads`` logits (bound, with its
         logits, where the last call read another number)."""
-        if reads != self._reads:
-            if reads not in self._outputs:
-                self._outputs[reads] = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
-            index, logits = self._outputs[reads]
-            self.binding.bind_cpu_input("read", index)
-            self.binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(logits))
-            self._reads = reads
-        return self._outputs[reads][0]
+        if self.read is None or len(self.read) != reads:
+            self.read, self.logits = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
+            self.binding.bind_cpu_input("read", self.read)
+            self.binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(self.logits))
+        return self.read
 
     def run(self, session) -> torch.Tensor:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
         session.run_with_iobinding(self.binding)
-        return torch.from_numpy(self._outputs[self._reads][1].copy())
+        return torch.from_numpy(self.logits.copy())
 
 
 def _resized(cache: torch.Tensor, dim: int, size: int) -> torch.Tensor:
