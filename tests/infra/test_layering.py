@@ -158,7 +158,10 @@ def third_party_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "decoding").glob("*.py")), ids=lambda p: p.name)
+DECODING_SOURCES = sorted((PACKAGE / "decoding").rglob("*.py"))  # the engines' sub-package included
+
+
+@pytest.mark.parametrize("path", DECODING_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE / "decoding")))
 def test_decoding_sources_import_no_ray_fsspec_or_click(path):
     assert not third_party_imports(path) & FORBIDDEN_IN_DECODING
 
@@ -171,7 +174,8 @@ def test_cluster_sources_import_no_click(path):
 def test_importing_decoding_loads_none_of_them():
     """At run time too: importing every decoding module adds none of them to what torch and the
     transformers classes it uses already load (some transformers versions pull in click via httpx)."""
-    modules = sorted(path.stem for path in (PACKAGE / "decoding").glob("*.py") if path.stem != "__init__")
+    modules = sorted(".".join(path.relative_to(PACKAGE / "decoding").with_suffix("").parts) for path in DECODING_SOURCES
+                     if path.stem != "__init__")
     code = (
         "import sys, importlib, torch\n"
         "from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer,\n"
