@@ -56,15 +56,16 @@ MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the atten
 # not depend on the other rows (test_onnx_engine's bit-for-bit tests fail at 128).
 INT8_BLOCK = 64
 
-# onnxruntime's attention ops take their inputs by position (onnxruntime >= 1.32: query_seqlens).
+# onnxruntime's contrib ops take their inputs by position (onnxruntime >= 1.32: query_seqlens).
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
               "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
               "k_norm_weight", "query_seqlens")
 MHA_INPUTS = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
+MATMUL_NBITS_INPUTS = ("A", "B", "scales", "zero_points", "g_idx", "bias")
 
-# ACT2FN's names -> how the graph computes them: one op, or "tanh" (GELU's tanh approximation, from
-# primitives: onnxruntime's FastGelu differs from torch's by up to 6e-5 of the logits' scale) or
-# "silu" (x * sigmoid(x)).
+# ACT2FN's names -> how the graph computes them: one op, or "tanh" (GELU's tanh approximation: opset
+# 20's Gelu; onnxruntime's FastGelu differs from torch's by up to 6e-5 of the logits' scale) or "silu"
+# (x * sigmoid(x)).
 ACTIVATIONS = {"relu": ("Relu", ""), "gelu": ("Gelu", MICROSOFT), "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
                "silu": "silu", "swish": "silu"}
 
@@ -104,18 +105,17 @@ class LayerGraph:
     def matmul(self, x: str, matrix, bias=None) -> str:
         """x [..., in] @ W [in, out] (+ bias [out]); ``matrix``: a native.Matrix (float weight [in, out])."""
         weight = matrix.weight.detach().float().cpu().numpy()
+        bias = None if bias is None else self.constant(bias.detach().float().cpu().numpy(), name="bias")
         if self.quantize == "int8":
-            product = self._int8_matmul(x, weight)
-        else:
-            product = self.op("MatMul", x, self.constant(weight, name="weight"))
-        if bias is None:
-            return product
-        return self.op("Add", product, self.constant(bias.detach().float().cpu().numpy(), name="bias"))
+            return self._int8_matmul(x, weight, bias)
+        product = self.op("MatMul", x, self.constant(weight, name="weight"))
+        return product if bias is None else self.op("Add", product, bias)
 
-    def _int8_matmul(self, x: str, weight: np.ndarray) -> str:
-        """x @ W with W [in, out] in int8, blocks of INT8_BLOCK inputs per output on their own scale,
-        as onnxruntime's MatMulNBits (8 bits) stores it; accuracy level 4 quantizes each row of x
-        to int8 by blocks too, so that a row's product does not depend on the other rows."""
+    def _int8_matmul(self, x: str, weight: np.ndarray, bias: str | None) -> str:
+        """x @ W (+ bias) with W [in, out] in int8, blocks of INT8_BLOCK inputs per output on their own
+        scale, as onnxruntime's MatMulNBits (8 bits) stores it, the bias added by the same op; accuracy
+        level 4 quantizes each row of x to int8 by blocks too, so that a row's product does not depend
+        on the other rows."""
         rows, columns = weight.shape
         block = min(INT8_BLOCK, max(16, 1 << (rows - 1).bit_length()))
         blocks = -(-rows // block)
@@ -124,9 +124,10 @@ class LayerGraph:
         grouped = padded.T.reshape(columns, blocks, block)  # [out, blocks, block]
         scales = np.maximum(np.abs(grouped).max(axis=-1) / 127, 1e-12).astype(np.float32)  # [out, blocks]
         codes = (np.clip(np.rint(grouped / scales[..., None]), -127, 127) + 128).astype(np.uint8)  # zero point 128
-        return self.op("MatMulNBits", x, self.constant(codes, np.uint8, name="weight"),
-                       self.constant(scales.reshape(-1), name="scale"), domain=MICROSOFT, K=rows, N=columns, bits=8,
-                       block_size=block, accuracy_level=4)
+        inputs = _positional(MATMUL_NBITS_INPUTS, A=x, B=self.constant(codes, np.uint8, name="weight"),
+                             scales=self.constant(scales.reshape(-1), name="scale"), bias=bias or "")
+        return self.op("MatMulNBits", *inputs, domain=MICROSOFT, K=rows, N=columns, bits=8, block_size=block,
+                       accuracy_level=4)
 
     def add(self, a: str, b: str) -> str:
         """a + b (a norm of the sum fuses with it: ``_normalized``)."""
