@@ -187,7 +187,8 @@ def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -
     return out.view(rows, most, -1)
 
 
-def engine_kind(requested: str, reasons: dict[str, str | None], onnx_reasons: dict[str, str | None] | None = None) -> str:
+def engine_kind(requested: str, reasons: dict[str, str | None],
+                onnx_reasons: dict[str, str | None] | None = None) -> str:
     """The engine a pair runs on: "native" (or "onnx", when asked for) where every model of it has
     one, else "hf".
 
