@@ -1,10 +1,12 @@
 """The onnx engine (models.engine: onnx) against the native engine it is built from.
 
-float32: every read position's logits within 1e-4 of the native engine's over the same feeds, in
-every layout of rows among slots; the same tokens and statistics for every method and batch size.
-int8: BiLD with rollback_threshold 0 and greedy speculative decoding return exactly int8 `large`'s
-tokens at every batch size (a row's product does not depend on the other rows of the call), and the
-logits stay close to float32's. Both model families (T5, BART); the BART family in all four variants.
+float32: every read position's logits within 1e-4 of the native engine's over the same feeds and
+encoder states, in every layout of rows among slots, and the encoder within 1e-4 of float64; the
+same tokens and statistics for every method and batch size. int8: BiLD with rollback_threshold 0 and
+greedy speculative decoding return exactly int8 `large`'s tokens at every batch size (a row's
+product does not depend on the other rows of the call), speculative sampling follows the int8 model's
+own distribution, and the logits stay close to float32's. Both model families (T5, BART); the BART
+family in all four variants.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import pytest
 import torch
 
 import pipeline.decoding.scheduler as scheduler_module
-
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
-from pipeline.decoding.models import build_engine, native_weights
 from pipeline.decoding.engines.native import NativeEngine
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
+from pipeline.decoding.models import build_engine, native_weights
 from pipeline.tiny import PAD, build_pair, byte_tokenizer, noisy_copy
 from support import REPO
 from support.distributions import (RESIDUALS, check_loop, engine_probs_of, sample_loop, tiny_vocab_pair,
