@@ -4,8 +4,8 @@ float32: every read position's logits within 1e-4 of the native engine's over th
 encoder states, in every layout of rows among slots, and the encoder within 1e-4 of float64; the
 same tokens and statistics for every method and batch size. int8: BiLD with rollback_threshold 0 and
 greedy speculative decoding return exactly int8 `large`'s tokens at every batch size (a row's
-product does not depend on the other rows of the call), speculative sampling follows the int8 model's
-own distribution, and the logits stay close to float32's. Both model families (T5, BART); the BART
+product does not depend on the other rows of the call), with either int8 kernel (by blocks, by rows),
+speculative sampling follows the int8 model's own distribution, and the logits stay close to float32's. Both model families (T5, BART); the BART
 family in all four variants.
 """
 
@@ -18,6 +18,7 @@ import pipeline.decoding.scheduler as scheduler_module
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.engines.native import NativeEngine
+from pipeline.decoding.engines import onnx_engine
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.decoding.models import build_engine, native_weights
@@ -33,12 +34,13 @@ from support.pairs import TEXTS
 MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb"]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 20
+KERNELS = ["blocks", "rows"]  # onnx_graph's int8 kernels
 INT8_SAMPLES = 4000  # as the batched distribution test (test_batch.py)
 
 
-def engines(model, slots: int, quantize: str = "none") -> tuple[OnnxEngine, NativeEngine]:
+def engines(model, slots: int, quantize: str = "none", kernel: str | None = None) -> tuple[OnnxEngine, NativeEngine]:
     weights = native_weights(model)
-    return OnnxEngine(weights, OnnxSessions(weights, quantize), slots), NativeEngine(weights, slots)
+    return OnnxEngine(weights, OnnxSessions(weights, quantize), slots, kernel), NativeEngine(weights, slots)
 
 
 def pair_of(name: str, engine: str, quantize: str = "none") -> ModelPair:
@@ -157,8 +159,11 @@ def test_a_forgotten_rollback_would_be_caught(monkeypatch, family):
     assert any(g.error is not None or g.token_ids != w.token_ids for g, w in zip(got, want))
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("family", ["t5", "bart"])
-def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family):
+def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family, kernel, monkeypatch):
+    """With the int8 kernel engines of every batch size pick here (the rule picks by slots)."""
+    monkeypatch.setattr(onnx_engine, "ROWS_KERNEL_FROM_SLOTS", 1 if kernel == "rows" else 10**6)
     small, large, tokenizer = build_pair(family, seed=0, small="noisy")
     pair = ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request="onnx", quantize="int8")
     assert_lossless_at_every_batch_size(pair, INPUTS, MAX_NEW)
@@ -173,15 +178,17 @@ def test_int8_speculative_sampling_keeps_the_int8_large_models_distribution(vari
     if variant in RESIDUALS:
         monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
     large = tiny_vocab_pair("t5")[1].float()
-    reference = build_engine(large, "onnx", 1, quantize="int8")
+    reference = build_engine(large, "onnx", 64, quantize="int8")  # as many slots: the same int8 kernel
     outputs = sample_loop("t5", INT8_SAMPLES, 64, variant, engine="onnx", quantize="int8")
     check_loop(outputs, "t5", variant, INT8_SAMPLES, probs_of=engine_probs_of(reference))
 
 
-def test_int8_logits_stay_close_to_float32s():
-    """The demo pair's `large` along a greedy output, every matrix in int8 (8-bit weights per
-    column, 8-bit activations per row): within 5% of float32's logits (norm of the difference over
-    the norm), no logit off by more than 0.2 of their standard deviation, 90% of argmaxes the same."""
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_logits_stay_close_to_float32s(kernel):
+    """The demo pair's `large` along a greedy output, every matrix in int8 (8-bit weights by blocks
+    of each column, or per column with 7-bit activations per row): within 5% of float32's logits
+    (norm of the difference over the norm), no logit off by more than 0.2 of their standard
+    deviation, 90% of argmaxes the same."""
     demo = REPO / "models" / "demo-de-en"
     pair = ModelPair.from_pretrained(str(demo / "small-aligned"), str(demo / "large"), device="cpu")
     generator = Generator(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW))
@@ -190,7 +197,7 @@ def test_int8_logits_stay_close_to_float32s():
     feed = Feed([0], torch.tensor([sequence]), [0], [len(sequence)], [len(sequence)])
     logits = {}
     for quantize in ("none", "int8"):
-        engine, _ = engines(pair.large, 1, quantize)
+        engine, _ = engines(pair.large, 1, quantize, kernel)
         engine.admit([0], [input_ids])
         logits[quantize] = engine.forward(feed)[0]
     difference = logits["int8"] - logits["none"]
@@ -258,15 +265,16 @@ def test_weights_past_protobufs_limit_load_from_a_file(monkeypatch):
     assert torch.equal(*logits)
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("quantize", ["none", "int8 blocks", "int8 rows"])
 @pytest.mark.parametrize("name", ["t5-v1.0", "bart"])
 def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name, quantize):
     """Records admitted together (one padded batch) get bit for bit the cross-attention keys and
     values each gets alone: int8 rounding downstream would turn a last-bit difference into another
     token."""
+    quantize, _, kernel = quantize.partition(" ")
     weights = native_weights(build(name))
     sessions = OnnxSessions(weights, quantize)
-    together, alone = OnnxEngine(weights, sessions, 3), OnnxEngine(weights, sessions, 3)
+    together, alone = OnnxEngine(weights, sessions, 3, kernel or None), OnnxEngine(weights, sessions, 3, kernel or None)
     sources = [encode(text) for text in INPUTS[:3]]
     together.admit([0, 1, 2], sources)
     for slot, source in enumerate(sources):
@@ -276,8 +284,9 @@ def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name, q
         assert torch.equal(together.cross_v[:, slot, :, : len(source)], alone.cross_v[:, slot, :, : len(source)])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ["t5-v1.1", "bart", "nllb"])
-def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name):
+def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name, kernel):
     """Under int8 a last-bit difference upstream can move a product's rounding and so a token; every
     way of computing a position must give the same bits: one token per call, all in one call (a
     verification), or beside other rows of other lengths (a batch)."""
@@ -287,14 +296,14 @@ def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name):
     start = model.config.decoder_start_token_id
     row = [start] + [10 + (7 * i) % 50 for i in range(9)]
     sources = [encode(text) for text in INPUTS[:3]]
-    stepwise = OnnxEngine(weights, session, 1)
+    stepwise = OnnxEngine(weights, session, 1, kernel)
     stepwise.admit([0], [sources[0]])
     one_by_one = torch.cat([stepwise.forward(Feed([0], torch.tensor([[token]]), [i], [1], [1]))[0]
                             for i, token in enumerate(row)])
-    at_once = OnnxEngine(weights, session, 1)
+    at_once = OnnxEngine(weights, session, 1, kernel)
     at_once.admit([0], [sources[0]])
     verified = at_once.forward(Feed([0], torch.tensor([row]), [0], [len(row)], [len(row)]))[0]
-    batched = OnnxEngine(weights, session, 3)
+    batched = OnnxEngine(weights, session, 3, kernel)
     batched.admit([0, 1, 2], sources)
     tokens = torch.zeros((3, len(row)), dtype=torch.long)
     tokens[0], tokens[1, :4], tokens[2, :7] = torch.tensor(row), torch.tensor(row[:4]), torch.tensor(row[:7])

@@ -27,6 +27,12 @@ from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
 # Bound steps kept per engine (spans of slots x widths; at batch 32 rows finishing make new spans).
 KEPT_CALLS = 64
+# int8 products by rows (onnx_graph's ``rows`` kernel) from this many slots on, by blocks below: a
+# step of few rows pays for the per-row kernel's extra small ops, a batch gains its faster integer
+# product (demo pair, `large`, tokens/s of rows over blocks at 1, 4, 8, 16, 32 slots: 0.87x, 0.89x,
+# 0.95x, 1.20x, 1.28x; BENCHMARKS.md). Chosen per engine, never per call, so that every call of a run
+# computes a row alike: bild and speculative stay `large`'s tokens at each batch size.
+ROWS_KERNEL_FROM_SLOTS = 16
 
 
 class OnnxEngine(Engine):
@@ -34,11 +40,16 @@ class OnnxEngine(Engine):
 
     kind = "onnx"
 
-    def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int):
+    def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int, int8_kernel: str | None = None):
+        """``int8_kernel``: onnx_graph's kernel for int8 products (None: by ``slots``, as
+        ROWS_KERNEL_FROM_SLOTS says)."""
         if weights.device.type != "cpu" or weights.dtype != torch.float32:
             raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
         super().__init__(slots, weights.device)
         self.weights, self.sessions = weights, sessions
+        if int8_kernel is None:
+            int8_kernel = "rows" if slots >= ROWS_KERNEL_FROM_SLOTS else "blocks"
+        self.int8_kernel = int8_kernel  # (float32: unused)
         self.vocab = weights.head.weight.shape[1]  # the logits' width
         w = weights
         self.capacity, self.sources = 0, 0
@@ -96,10 +107,10 @@ class OnnxEngine(Engine):
                       "source_lengths": np.asarray(lengths, dtype=np.int32)}
             if self.weights.position_bias:
                 inputs["source_bias"] = self.weights.source_bias(width).numpy()
-            encoded, projections = self.sessions.admission().run(["encoded", "cross_kv"], inputs)
+            encoded, projections = self.sessions.admission(int8_kernel=self.int8_kernel).run(["encoded", "cross_kv"], inputs)
             encoded = torch.from_numpy(encoded)
         else:
-            projections, = self.sessions.admission(projections_only=True).run(["cross_kv"], {"encoded": encoded.numpy()})
+            projections, = self.sessions.admission(True, self.int8_kernel).run(["cross_kv"], {"encoded": encoded.numpy()})
         w, width = self.weights, encoded.shape[1]
         kv = torch.from_numpy(projections).view(len(slots), width, w.layer_count, 2, w.heads, w.d_kv)
         self.source_lengths[slots] = lengths
@@ -139,7 +150,7 @@ class OnnxEngine(Engine):
                                             in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
         if self.weights.position_bias:
             self._self_bias(steps, call.self_bias)
-        logits = call.run(self.sessions.step)
+        logits = call.run(self.sessions.step(self.int8_kernel))
         if not isinstance(read, slice):
             self._write_back(feed, call.caches)
         return place_logits(logits, self._placement(feed), feed)
@@ -177,7 +188,7 @@ class OnnxEngine(Engine):
         inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, self.capacity), dtype=np.float32)
-        call = _StepCall(self.sessions.step, caches, inputs, self.vocab)
+        call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
         if key is not None:
             if len(self._calls) >= KEPT_CALLS:
                 self._calls.pop(next(iter(self._calls)))  # the oldest

@@ -34,12 +34,16 @@ The step's inputs and outputs (A rows of W positions, C cache positions, S sourc
 | self_k.l.updated, self_v.l.updated | as self_k.l | output: the cache with the fed positions' keys and
 values written in; bound to the input's own memory, so written in place |
 
-int8 (``quantize="int8"``): each matrix is one MatMulNBits op (8 bits): weights symmetric in blocks
-of 32 inputs per output column (scale max |w| / 127), activations quantized to int8 at run time by
-blocks of each row, so a row's product does not depend on the other rows of the call (bit for bit:
-tested) — the property int8.py keeps for the eager engine, which keeps BiLD with rollback_threshold
-0 identical to ``large``. One op per product: per-row quantization built from ONNX ops (Abs,
-ReduceMax, Div, QuantizeLinear, MatMulIntegerToFloat, Mul) cost more than the product itself.
+int8 (``quantize="int8"``) comes in two kernels; in both a row's product does not depend on the
+other rows of the call (bit for bit: tested) — the property int8.py keeps for the eager engine,
+which keeps BiLD with rollback_threshold 0 identical to ``large``:
+- ``blocks``: one MatMulNBits op (8 bits) per product: weights symmetric in blocks of INT8_BLOCK
+  inputs per output column (scale max |w| / 127), each row quantized at run time by blocks too.
+  One op: the cheapest at a few rows.
+- ``rows``: CTranslate2's scheme (and int8.py's): weights per output column, each row quantized on
+  its own scale, MLAS's integer product (MatMulIntegerToFloat), scaled back. Six ops where the other
+  has one, but the integer product is 2-3x faster from about 8 rows on (``onnx_engine`` picks by the
+  rows an engine runs).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the atten
 # MLAS rounds a row differently with an odd number of rows in the call, and a row's product must
 # not depend on the other rows (test_onnx_engine's bit-for-bit tests fail at 128).
 INT8_BLOCK = 64
+INT8_KERNELS = ("blocks", "rows")
+# The ``rows`` kernel quantizes activations to 7 bits (levels -63..63 around 64): MLAS's u8s8 product on
+# CPUs without VNNI sums pairs of u8 x s8 products in int16, which 8-bit activations can overflow.
+ROW_LEVELS, ROW_ZERO = 63, 64
 
 # onnxruntime's contrib ops take their inputs by position (onnxruntime >= 1.32: query_seqlens).
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
@@ -75,8 +83,11 @@ class LayerGraph:
     residual sum), for layers of ``heads`` attention heads of ``d_kv``; subclasses add attention and
     the graph's inputs and outputs."""
 
-    def __init__(self, *, d_model: int, heads: int, d_kv: int, quantize: str = "none"):
-        self.d_model, self.heads, self.d_kv, self.quantize = d_model, heads, d_kv, quantize
+    def __init__(self, *, d_model: int, heads: int, d_kv: int, quantize: str = "none", int8_kernel: str = "blocks"):
+        if int8_kernel not in INT8_KERNELS:
+            raise ValueError(f"int8_kernel {int8_kernel!r}: one of {', '.join(INT8_KERNELS)}")
+        self.d_model, self.heads, self.d_kv = d_model, heads, d_kv
+        self.quantize, self.int8_kernel = quantize, int8_kernel
         self.nodes: list = []
         self.initializers: dict[str, np.ndarray] = {}
         self._count = 0
@@ -107,6 +118,8 @@ class LayerGraph:
         weight = matrix.weight.detach().float().cpu().numpy()
         bias = None if bias is None else self.constant(bias.detach().float().cpu().numpy(), name="bias")
         if self.quantize == "int8":
+            if self.int8_kernel == "rows":
+                return self._int8_rows_matmul(x, weight, bias)
             return self._int8_matmul(x, weight, bias)
         product = self.op("MatMul", x, self.constant(weight, name="weight"))
         return product if bias is None else self.op("Add", product, bias)
@@ -128,6 +141,23 @@ class LayerGraph:
                              scales=self.constant(scales.reshape(-1), name="scale"), bias=bias or "")
         return self.op("MatMulNBits", *inputs, domain=MICROSOFT, K=rows, N=columns, bits=8, block_size=block,
                        accuracy_level=4)
+
+    def _int8_rows_matmul(self, x: str, weight: np.ndarray, bias: str | None) -> str:
+        """x @ W (+ bias) with W [in, out] in int8 on one scale per output column, each row of x
+        quantized at run time on its own scale (its max |x|): the integer product of a row does not
+        depend on the other rows, and scaling back is per row and per column."""
+        scales = np.maximum(np.abs(weight).max(axis=0) / 127, 1e-12).astype(np.float32)  # [out]
+        codes = np.clip(np.rint(weight / scales), -127, 127).astype(np.int8)
+        row_max = self.op("ReduceMax", self.op("Abs", x), self.constant([-1], np.int64, name="axis"), keepdims=1)
+        row_max = self.op("Max", row_max, self.constant(1e-12))  # [..., 1]; a row of zeros stays zeros
+        step = self.constant(1 / ROW_LEVELS, name="step")
+        levels = self.op("QuantizeLinear", self.op("Div", x, row_max), step,
+                         self.constant(ROW_ZERO, np.uint8, name="zero"))  # x / max |x| in 7-bit levels
+        product = self.op("MatMulIntegerToFloat", levels, self.constant(codes, np.int8, name="weight"), step,
+                          self.constant(scales, name="scale"), self.constant(ROW_ZERO, np.uint8, name="zero"),
+                          domain=MICROSOFT)
+        product = self.op("Mul", product, row_max)
+        return product if bias is None else self.op("Add", product, bias)
 
     def add(self, a: str, b: str) -> str:
         """a + b (a norm of the sum fuses with it: ``_normalized``)."""

@@ -63,28 +63,31 @@ class OnnxSessions:
         self.weights, self.quantize = weights, quantize
         self._sessions: dict = {}
 
-    @property
-    def step(self):
-        if "step" not in self._sessions:
+    def step(self, int8_kernel: str = "blocks"):
+        """The decoder step; ``int8_kernel``: onnx_graph's, for int8 products."""
+        key = ("step", int8_kernel)
+        if key not in self._sessions:
             w, graphs = self.weights, _graphs()
             graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
-                                     self_bias=w.position_bias, quantize=self.quantize)
+                                     self_bias=w.position_bias, quantize=self.quantize, int8_kernel=int8_kernel)
             hidden = "hidden"
             for index in range(w.layer_count):
                 hidden = w.decoder_layer_graph(graph, hidden, index)
-            self._sessions["step"] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
-        return self._sessions["step"]
+            self._sessions[key] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
+        return self._sessions[key]
 
-    def admission(self, projections_only: bool = False):
-        if projections_only not in self._sessions:
+    def admission(self, projections_only: bool = False, int8_kernel: str = "blocks"):
+        """The admission of new rows; ``int8_kernel`` as ``step``'s."""
+        key = ("admission", projections_only, int8_kernel)
+        if key not in self._sessions:
             w, graphs = self.weights, _graphs()
             graph = graphs.EncoderGraph(d_model=w.d_model, heads=w.encoder_heads, d_kv=w.d_kv,
                                         source_bias=w.position_bias, projections_only=projections_only,
-                                        quantize=self.quantize)
+                                        quantize=self.quantize, int8_kernel=int8_kernel)
             encoded = "encoded" if projections_only else "hidden"
             if not projections_only:
                 for index in range(len(w.encoder_layers)):
                     encoded = w.encoder_layer_graph(graph, encoded, index)
                 encoded = w.encoder_output_graph(graph, encoded)
-            self._sessions[projections_only] = _session(graph, graph.model(encoded, w.cross_kv_graph(graph, encoded)))
-        return self._sessions[projections_only]
+            self._sessions[key] = _session(graph, graph.model(encoded, w.cross_kv_graph(graph, encoded)))
+        return self._sessions[key]
