@@ -98,6 +98,7 @@ class OnnxEngine(Engine):
         output does not depend on the records admitted with it (int8 rounding downstream would turn a
         last-bit difference into another token)."""
         lengths = [len(ids) for ids in input_ids]
+        admission = self.sessions.admission(projections_only=encoded is not None, int8_kernel=self.int8_kernel)
         if encoded is None:
             width = max(2, *lengths)  # at least 2: MLAS multiplies a single row by another kernel
             padded = torch.zeros((len(slots), width), dtype=torch.long)  # padding: masked keys, unread queries
@@ -107,10 +108,10 @@ class OnnxEngine(Engine):
                       "source_lengths": np.asarray(lengths, dtype=np.int32)}
             if self.weights.position_bias:
                 inputs["source_bias"] = self.weights.source_bias(width).numpy()
-            encoded, projections = self.sessions.admission(int8_kernel=self.int8_kernel).run(["encoded", "cross_kv"], inputs)
+            encoded, projections = admission.run(["encoded", "cross_kv"], inputs)
             encoded = torch.from_numpy(encoded)
         else:
-            projections, = self.sessions.admission(True, self.int8_kernel).run(["cross_kv"], {"encoded": encoded.numpy()})
+            projections, = admission.run(["cross_kv"], {"encoded": encoded.numpy()})
         w, width = self.weights, encoded.shape[1]
         kv = torch.from_numpy(projections).view(len(slots), width, w.layer_count, 2, w.heads, w.d_kv)
         self.source_lengths[slots] = lengths
