@@ -133,7 +133,7 @@ class OnnxEngine(Engine):
         read, where, attended = self._rows_read(feed)
         positions = self._idle_positions(read, attended)  # idle slots of a span run at their own length ...
         self._reserve(max(positions) + width + 1)  # + 1: attention's extra query row (onnx_graph) writes one more
-        call = self._call(read, attended, width)
+        call = self._call(read, attended, width, max(positions) + width + 1)
         if where == list(range(rows)):
             tokens, counts = feed.tokens, feed.counts
         else:
@@ -172,23 +172,26 @@ class OnnxEngine(Engine):
             return slice(first, last + 1), [slot - first for slot in feed.slots], last - first + 1
         return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
 
-    def _call(self, read: slice | list[int], attended: int, width: int) -> "_StepCall":
-        """The step bound for these slots and W fed positions. For a span of slots the caches are
-        bound as views of the engine's tensors and the call is kept while they keep their storage (so
-        a step binds nothing, or only what it reads); other slots are gathered into copies, written
-        back after the step (``_write_back``)."""
+    def _call(self, read: slice | list[int], attended: int, width: int, reach: int) -> "_StepCall":
+        """The step bound for these slots and W fed positions, that write up to position ``reach``. For
+        a span of slots the caches are bound as views of the engine's tensors and the call is kept
+        while they keep their storage (so a step binds nothing, or only what it reads); other slots
+        are gathered into copies of their self-attention caches up to ``reach`` (rounded up to 16,
+        not the whole capacity: at batch 32 copying whole caches was a fifth of `bild`'s time),
+        written back after the step (``_write_back``)."""
         key = (read.start, read.stop, width) if isinstance(read, slice) else None
         if key in self._calls:
             return self._calls[key]
         w = self.weights
-        caches = {name: [self._rows(cache, read).numpy() for cache in getattr(self, name)]
-                  for name in ("self_k", "self_v", "cross_k", "cross_v")}
+        held = self.capacity if key is not None else min(self.capacity, -(-reach // 16) * 16)  # C of the call
+        caches = {name: [self._rows(cache, read, held if name.startswith("self") else None).numpy()
+                         for cache in getattr(self, name)] for name in ("self_k", "self_v", "cross_k", "cross_v")}
         inputs = {"query_seqlens": np.zeros(attended, dtype=np.int32), "seqlens_k": np.zeros(attended, dtype=np.int32),
                   "source_lengths": self.source_lengths[read],  # a view for a span: admission writes it in place
-                  "total_sequence_length": np.array(self.capacity, dtype=np.int32)}
+                  "total_sequence_length": np.array(held, dtype=np.int32)}
         inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
         if w.position_bias:
-            inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, self.capacity), dtype=np.float32)
+            inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, held), dtype=np.float32)
         call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
         if key is not None:
             if len(self._calls) >= KEPT_CALLS:
@@ -197,20 +200,25 @@ class OnnxEngine(Engine):
         return call
 
     @staticmethod
-    def _rows(cache: torch.Tensor, read: slice | list[int]) -> torch.Tensor:
-        """The slots ``read`` of a cache: a view of one contiguous block, or a gathered copy."""
-        return cache[read] if isinstance(read, slice) else cache[torch.tensor(read)]
+    def _rows(cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
+        """The slots ``read`` of a layer's cache [slots, H, C, dk]: a view of one contiguous block, or a
+        gathered copy of its first ``positions`` (None: all)."""
+        if isinstance(read, slice):
+            return cache[read]
+        return cache[torch.tensor(read), :, :positions]
 
     def _self_bias(self, steps: torch.Tensor, out: torch.Tensor) -> None:
-        """``out`` [A, H, W + 1, C]: what each query at ``steps`` [A, W + 1] adds to its score over the
-        key at each cache position (T5's relative position bias; attention is causal by itself)."""
+        """``out`` [A, H, W + 1, C']: what each query at ``steps`` [A, W + 1] adds to its score over the
+        key at each of the call's C' cache positions (T5's relative position bias; attention is causal
+        by itself)."""
+        held = out.shape[-1]
         if steps.shape == (1, 2):  # one row, one token (a step at batch 1): a precomputed slice
             if self._one_token_bias is None:
                 rows = torch.arange(self.capacity - 1)[:, None] + torch.arange(2)  # [C - 1, 2]
                 self._one_token_bias = self.table[:, rows].transpose(0, 1).contiguous()  # [C - 1, H, 2, C]
-            out[0] = self._one_token_bias[int(steps[0, 0])]
+            out[0] = self._one_token_bias[int(steps[0, 0]), ..., :held]
         else:
-            out.copy_(self.table[:, steps].transpose(0, 1))
+            out.copy_(self.table[:, steps, :held].transpose(0, 1))
 
     @staticmethod
     def _placement(feed: Feed) -> torch.Tensor | None:
