@@ -33,11 +33,6 @@ KEPT_CALLS = 64
 # 0.95x, 1.20x, 1.28x; BENCHMARKS.md). Chosen per engine, never per call, so that every call of a run
 # computes a row alike: bild and speculative stay `large`'s tokens at each batch size.
 ROWS_KERNEL_FROM_SLOTS = 16
-# Attention's extra query row (onnx_graph.StepGraph's extra_row) once per step below this many slots,
-# per layer from it on: carried through the layers it saves two ops a layer and costs a row more in
-# every product (demo pair, int8, step over layer: `large` 1.45x and 1.47x at 1 slot, `bild` 1.12x;
-# 0.98x and 1.04x at 2 and 4 slots; float32 1.00x at 1). Both give the same bits (tested).
-ROW_PER_LAYER_FROM_SLOTS = 2
 
 
 class OnnxEngine(Engine):
@@ -55,7 +50,6 @@ class OnnxEngine(Engine):
         if int8_kernel is None:
             int8_kernel = "rows" if slots >= ROWS_KERNEL_FROM_SLOTS else "blocks"
         self.int8_kernel = int8_kernel  # (float32: unused)
-        self.extra_row = "layer" if slots >= ROW_PER_LAYER_FROM_SLOTS else "step"
         self.vocab = weights.head.weight.shape[1]  # the logits' width
         w = weights
         self.capacity, self.sources = 0, 0
@@ -157,7 +151,7 @@ class OnnxEngine(Engine):
                                             in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
         if self.weights.position_bias:
             self._self_bias(steps, call.self_bias)
-        logits = call.run(self.sessions.step(self.int8_kernel, self.extra_row))
+        logits = call.run(self.sessions.step(self.int8_kernel))
         if not isinstance(read, slice):
             self._write_back(feed, call.caches)
         return place_logits(logits, self._placement(feed), feed)
@@ -198,7 +192,7 @@ class OnnxEngine(Engine):
         inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, held), dtype=np.float32)
-        call = _StepCall(self.sessions.step(self.int8_kernel, self.extra_row), caches, inputs, self.vocab)
+        call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
         if key is not None:
             if len(self._calls) >= KEPT_CALLS:
                 self._calls.pop(next(iter(self._calls)))  # the oldest

@@ -60,7 +60,6 @@ MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the atten
 # not depend on the other rows (test_onnx_engine's bit-for-bit tests fail at 128).
 INT8_BLOCK = 64
 INT8_KERNELS = ("blocks", "rows")
-EXTRA_ROWS = ("layer", "step")  # StepGraph's extra_row
 # The ``rows`` kernel quantizes activations to 7 bits (levels -63..63 around 64): MLAS's u8s8 product on
 # CPUs without VNNI sums pairs of u8 x s8 products in int16, which 8-bit activations can overflow.
 ROW_LEVELS, ROW_ZERO = 63, 64
@@ -237,26 +236,11 @@ class LayerGraph:
 class StepGraph(LayerGraph):
     """Builds one decoder step of a model with ``layers`` layers of ``heads`` heads of ``d_kv``."""
 
-    def __init__(self, *, layers: int, self_bias: bool, extra_row: str = "layer", **shape):
+    def __init__(self, *, layers: int, self_bias: bool, **shape):
         """``self_bias``: whether self-attention adds a bias input to its scores (T5's relative
-        positions); without one it is only causal. ``extra_row``: where attention's extra query row
-        (``_one_more_row``) is added: to each attention's input ("layer"), or once to the step's
-        input, carried through every layer ("step": 46 ops fewer in a 12-layer step, but every
-        product multiplies one more row per slot: it pays at a row or two). ``shape``: LayerGraph's."""
-        if extra_row not in EXTRA_ROWS:
-            raise ValueError(f"extra_row {extra_row!r}: one of {', '.join(EXTRA_ROWS)}")
+        positions); without one it is only causal. ``shape``: LayerGraph's."""
         super().__init__(**shape)
-        self.layers, self.self_bias, self.row_per_step = layers, self_bias, extra_row == "step"
-
-    def rows(self, hidden: str) -> str:
-        """The step's input [A, W, d] as its layers take it: with the extra row where it is the step's."""
-        return self._one_more_row(hidden) if self.row_per_step else hidden
-
-    def _attention_rows(self, x: str) -> str:
-        return x if self.row_per_step else self._one_more_row(x)
-
-    def _attended_rows(self, x: str) -> str:
-        return x if self.row_per_step else self._without_last_row(x)
+        self.layers, self.self_bias = layers, self_bias
 
     @staticmethod
     def _layer_of(cache: str, layer: int) -> str:
@@ -274,7 +258,7 @@ class StepGraph(LayerGraph):
         (packed, as GroupQueryAttention reads them); it writes k and v at their positions into the
         layer's cache, in place (the output bound to the input's memory), and attends to each row's
         cached positions up to each query's own, adding ``self_bias`` (T5's relative positions)."""
-        qkv = self._attention_rows(self.matmul(hidden, matrix, bias))  # [A, W + 1, 3 * inner]
+        qkv = self._one_more_row(self.matmul(hidden, matrix, bias))  # [A, W + 1, 3 * inner]
         cache_k, cache_v = self._layer_of("self_k", layer), self._layer_of("self_v", layer)
         attended = self._fresh("attended")
         inputs = _positional(GQA_INPUTS, query=qkv, past_key=cache_k, past_value=cache_v, seqlens_k="seqlens_k",
@@ -283,19 +267,18 @@ class StepGraph(LayerGraph):
         self.nodes.append(helper.make_node("GroupQueryAttention", inputs,
                                            [attended, self.updated(cache_k), self.updated(cache_v)], domain=MICROSOFT,
                                            num_heads=self.heads, kv_num_heads=self.heads, scale=scale))
-        return self._attended_rows(attended)
+        return self._without_last_row(attended)
 
     def cross_attention(self, layer: int, query: str, scale: float = 1.0) -> str:
         """Attention over the rows' encoder outputs (each row's first ``source_lengths``); query
         [A, W, inner] -> [A, W, inner]."""
-        inputs = _positional(MHA_INPUTS, query=self._attention_rows(query), key=self._layer_of("cross_k", layer),
+        inputs = _positional(MHA_INPUTS, query=self._one_more_row(query), key=self._layer_of("cross_k", layer),
                              value=self._layer_of("cross_v", layer), key_padding_mask="source_lengths")
-        return self._attended_rows(self.op("MultiHeadAttention", *inputs, domain=MICROSOFT, num_heads=self.heads,
-                                           scale=scale))
+        return self._without_last_row(self.op("MultiHeadAttention", *inputs, domain=MICROSOFT, num_heads=self.heads,
+                                              scale=scale))
 
     def read(self, hidden: str) -> str:
         """[A, W, d] -> [n, d]: the positions whose logits are read."""
-        hidden = self._without_last_row(hidden) if self.row_per_step else hidden
         flat = self.op("Reshape", hidden, self.constant([-1, self.d_model], np.int64, name="shape"))
         return self.op("Gather", flat, "read", axis=0)
 

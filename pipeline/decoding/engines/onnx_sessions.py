@@ -63,15 +63,14 @@ class OnnxSessions:
         self.weights, self.quantize = weights, quantize
         self._sessions: dict = {}
 
-    def step(self, int8_kernel: str = "blocks", extra_row: str = "layer"):
-        """The decoder step; ``int8_kernel`` and ``extra_row``: onnx_graph's (LayerGraph's, StepGraph's)."""
-        key = ("step", int8_kernel, extra_row)
+    def step(self, int8_kernel: str = "blocks"):
+        """The decoder step; ``int8_kernel``: onnx_graph's, for int8 products."""
+        key = ("step", int8_kernel)
         if key not in self._sessions:
             w, graphs = self.weights, _graphs()
             graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
-                                     self_bias=w.position_bias, quantize=self.quantize, int8_kernel=int8_kernel,
-                                     extra_row=extra_row)
-            hidden = graph.rows("hidden")
+                                     self_bias=w.position_bias, quantize=self.quantize, int8_kernel=int8_kernel)
+            hidden = "hidden"
             for index in range(w.layer_count):
                 hidden = w.decoder_layer_graph(graph, hidden, index)
             self._sessions[key] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
