@@ -29,9 +29,10 @@ from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 KEPT_CALLS = 64
 # int8 products by rows (onnx_graph's ``rows`` kernel) from this many slots on, by blocks below: a
 # step of few rows pays for the per-row kernel's extra small ops, a batch gains its faster integer
-# product (demo pair, `large`, tokens/s of rows over blocks at 1, 4, 8, 16, 32 slots: 0.87x, 0.89x,
-# 0.95x, 1.20x, 1.28x; BENCHMARKS.md). Chosen per engine, never per call, so that every call of a run
-# computes a row alike: bild and speculative stay `large`'s tokens at each batch size.
+# product (demo pair, `large`, tokens/s of rows over blocks, order alternating per round: 1.02x at 8
+# slots, 1.34x at 16, 1.20x at 32; at 1 and 4 at most 0.87x and 0.89x; BENCHMARKS.md). Chosen per
+# engine, never per call, so that every call of a run computes a row alike: bild and speculative stay
+# `large`'s tokens at each batch size.
 ROWS_KERNEL_FROM_SLOTS = 16
 
 
