@@ -41,8 +41,8 @@ which keeps BiLD with rollback_threshold 0 identical to ``large``:
   inputs per output column (scale max |w| / 127), each row quantized at run time by blocks too.
   One op: the cheapest at a few rows.
 - ``rows``: CTranslate2's scheme (and int8.py's): weights per output column, each row quantized on
-  its own scale, MLAS's integer product (MatMulIntegerToFloat), scaled back. Six ops where the other
-  has one, but the integer product is 2-3x faster from about 8 rows on (``onnx_engine`` picks by the
+  its own scale, MLAS's integer product (MatMulIntegerToFloat), scaled back. Seven ops where the
+  other has one, but the integer product is 2-3x faster from about 8 rows on (``onnx_engine`` picks by the
   rows an engine runs).
 """
 

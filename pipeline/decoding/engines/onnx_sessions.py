@@ -63,8 +63,13 @@ class OnnxSessions:
         self.weights, self.quantize = weights, quantize
         self._sessions: dict = {}
 
+    def _kernel(self, int8_kernel: str) -> str:
+        """The int8 kernel asked for; float32 has none (one session serves every engine)."""
+        return int8_kernel if self.quantize == "int8" else "blocks"
+
     def step(self, int8_kernel: str = "blocks"):
         """The decoder step; ``int8_kernel``: onnx_graph's, for int8 products."""
+        int8_kernel = self._kernel(int8_kernel)
         key = ("step", int8_kernel)
         if key not in self._sessions:
             w, graphs = self.weights, _graphs()
@@ -78,6 +83,7 @@ class OnnxSessions:
 
     def admission(self, projections_only: bool = False, int8_kernel: str = "blocks"):
         """The admission of new rows; ``int8_kernel`` as ``step``'s."""
+        int8_kernel = self._kernel(int8_kernel)
         key = ("admission", projections_only, int8_kernel)
         if key not in self._sessions:
             w, graphs = self.weights, _graphs()
