@@ -4,9 +4,9 @@ float32: every read position's logits within 1e-4 of the native engine's over th
 encoder states, in every layout of rows among slots, and the encoder within 1e-4 of float64; the
 same tokens and statistics for every method and batch size. int8: BiLD with rollback_threshold 0 and
 greedy speculative decoding return exactly int8 `large`'s tokens at every batch size (a row's
-product does not depend on the other rows of the call), with either int8 kernel (by blocks, by rows),
-speculative sampling follows the int8 model's own distribution, and the logits stay close to float32's. Both model families (T5, BART); the BART
-family in all four variants.
+product does not depend on the other rows of the call), with either int8 kernel (by blocks, by
+rows), speculative sampling follows the int8 model's own distribution, and the logits stay close to
+float32's. Both model families (T5, BART); the BART family in all four variants.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from support.pairs import TEXTS
 MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb"]
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 20
-KERNELS = ["blocks", "rows"]  # onnx_graph's int8 kernels
+KERNELS = ["blocks", "rows"]  # onnx_graph.INT8_KERNELS (not imported: onnx_graph needs onnx at import)
 INT8_SAMPLES = 4000  # as the batched distribution test (test_batch.py)
 
 
