@@ -7,13 +7,14 @@ through the record-by-record loop (``loop``), the path the pipeline takes at
 ``compute.batch_size: 1``. A batch row's outputs must equal the same method's outputs at batch
 size 1; the report says whether they do. With ``ct2`` models, ``ct2_large`` (and ``ct2_small``)
 cells run CTranslate2 on the same checkpoints and inputs with ``max_batch_size`` = the cell's
-batch size.
+batch size. ``time_split`` says where a cell's last run went (the engines' steps, admissions, the rest).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from pipeline.bench.harness import (
@@ -33,7 +34,7 @@ from pipeline.metrics.quality import signatures
 DRAFTING = ("bild", "speculative")
 COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
            "ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b", "large_calls", "large_padding_share",
-           "bleu", "identical_to_b1", "identical_to_ours"]
+           "bleu", "identical_to_b1", "identical_to_ours", "time_split"]
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Cell:
     large_fed: int = 0  # large-model positions fed (last run); padding excluded ...
     large_computed: int = 0  # ... and included
     large_calls: int = 0
+    time_spent: dict = field(default_factory=dict)  # the last run's seconds: wall, and its engines' step, ...
 
     @property
     def name(self) -> str:
@@ -76,17 +78,39 @@ def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list
     config = dataclasses.replace(config, method=cell.method, do_sample=False)
     large = pair.engine("large", max(cell.batch_size, 1)) if cell.method != "small" else None
     before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
+    engines = [pair.engine(role, max(cell.batch_size, 1)) for role in ("small", "large")
+               if cell.method in (role, *DRAFTING)]
+    spent_before, started = _engine_seconds(engines), time.perf_counter()
     if cell.batch_size == 0:
         generator = Generator(pair, config)
         tokens = [generator.decode_ids(r.input_ids[None, :]).tokens for r in requests]
     else:
         policy = BatchPolicy(batch_size=cell.batch_size, verify_share=cell.verify_share or 1.0)
         tokens = [output.tokens for output in scheduler_for(pair, config, policy).run(requests)]
+    cell.time_spent = {"wall": time.perf_counter() - started,
+                       **{key: spent - spent_before[key] for key, spent in _engine_seconds(engines).items()}}
     if large is not None and cell.batch_size > 0:  # the engines outlive the cell: count this run's work
         cell.large_fed = large.tokens_fed - before[0]
         cell.large_computed = large.positions_computed - before[1]
         cell.large_calls = large.calls - before[2]
     return tokens
+
+
+def _engine_seconds(engines) -> dict[str, float]:
+    """The engines' seconds so far: forward steps, inside them the runtime's own call, admissions."""
+    return {key: sum(getattr(engine, f"{key}_seconds") for engine in engines) for key in ("forward", "kernel", "admit")}
+
+
+def time_split(spent: dict) -> str:
+    """Where a run's wall time went: the engines' steps (of which inside the runtime's call, where an
+    engine has one), admissions (encoder and cross-attention projections), and the rest (the scheduler's
+    Python: feeding, choosing tokens, rows joining and leaving)."""
+    wall = spent.get("wall")
+    if not wall:
+        return ""
+    kernel = f" (runtime {spent['kernel'] / wall:.0%})" if spent["kernel"] else ""
+    rest = 1 - (spent["forward"] + spent["admit"]) / wall
+    return f"steps {spent['forward'] / wall:.0%}{kernel}, admission {spent['admit'] / wall:.0%}, rest {rest:.0%}"
 
 
 def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | None, config: DecodingConfig,
@@ -140,6 +164,9 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         if cell.large_computed:
             row["large_calls"] = cell.large_calls
             row["large_padding_share"] = 1 - cell.large_fed / cell.large_computed
+        if cell.time_spent:
+            row["time_spent"] = {key: round(value, 4) for key, value in cell.time_spent.items()}
+            row["time_split"] = time_split(cell.time_spent)
         if references:
             row["bleu"] = score_outputs(pair.tokenizer, cell.tokens, references).bleu
         rows.append(row)
