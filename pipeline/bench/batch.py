@@ -47,7 +47,7 @@ class Cell:
     large_fed: int = 0  # large-model positions fed (last run); padding excluded ...
     large_computed: int = 0  # ... and included
     large_calls: int = 0
-    time_spent: dict = field(default_factory=dict)  # the last run's seconds: wall, and its engines' step, ...
+    time_spent: dict = field(default_factory=dict)  # the last run's seconds: wall, forward, kernel, admit
 
     @property
     def name(self) -> str:

@@ -105,7 +105,7 @@ class Engine(ABC):
         self.positions_computed = 0  # ... and included
         self.forward_seconds = 0.0
         self.admit_seconds = 0.0  # encoder passes and cross-attention projections
-        self.kernel_seconds = 0.0  # of forward_seconds, inside one runtime call (onnxruntime's), where an engine has one
+        self.kernel_seconds = 0.0  # of forward_seconds: inside the runtime's one call (onnxruntime's), if any
         self.call_cost = CallCost()
 
     # --- the four verbs ---------------------------------------------------------------------------
