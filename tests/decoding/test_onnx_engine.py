@@ -35,12 +35,15 @@ MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 20
 KERNELS = ["blocks", "rows"]  # onnx_graph.INT8_KERNELS (not imported: onnx_graph needs onnx at import)
+ATTENTIONS = ["onnxruntime", "kernel"]  # onnx_graph.ATTENTIONS: onnxruntime's ops, or ours (decode_attention.c)
 INT8_SAMPLES = 4000  # as the batched distribution test (test_batch.py)
 
 
-def engines(model, slots: int, quantize: str = "none", kernel: str | None = None) -> tuple[OnnxEngine, NativeEngine]:
+def engines(model, slots: int, quantize: str = "none", kernel: str | None = None,
+            attention: str | None = None) -> tuple[OnnxEngine, NativeEngine]:
     weights = native_weights(model)
-    return OnnxEngine(weights, OnnxSessions(weights, quantize), slots, kernel), NativeEngine(weights, slots)
+    return (OnnxEngine(weights, OnnxSessions(weights, quantize), slots, kernel, attention=attention),
+            NativeEngine(weights, slots))
 
 
 def pair_of(name: str, engine: str, quantize: str = "none") -> ModelPair:
@@ -64,13 +67,15 @@ def feeds(start: int, slots: list[int]) -> list[Feed]:
     return [Feed(slots, first, [0, 0, 0], counts, reads), Feed(slots, second, counts, rest, [1, 1, 2])]
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_float32_logits_match_the_native_engines_within_1e_4(name, layout):
-    """The step: both engines attend to the same encoder states (the native engine's; the onnx
-    engine's own encoder is held to float64 in the test after this one)."""
+def test_float32_logits_match_the_native_engines_within_1e_4(name, layout, attention):
+    """The step, with onnxruntime's attention ops or our kernel between onnxruntime segments: both
+    engines attend to the same encoder states (the native engine's; the onnx engine's own encoder is
+    held to float64 in the test after this one)."""
     model = build(name)
-    onnx, native = engines(model, slots=8)
+    onnx, native = engines(model, slots=8, attention=attention)
     slots = LAYOUTS[layout]
     sources = [encode(text) for text in INPUTS[:3]]
     onnx.admit(slots, sources, native.admit(slots, sources))
@@ -122,11 +127,12 @@ def test_tokens_and_statistics_equal_the_native_engines(name):
     assert assert_same_tokens_and_statistics(native, onnx, INPUTS, MAX_NEW) == 4 * 3 * len(INPUTS)
 
 
-def test_a_rollback_is_only_a_shorter_length():
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_a_rollback_is_only_a_shorter_length(attention):
     """rewind changes no cached tensor; the next forward overwrites from the kept length on and
     attends to nothing past it."""
     model = build("t5-v1.0")
-    onnx, native = engines(model, slots=1)
+    onnx, native = engines(model, slots=1, attention=attention)
     for engine in (onnx, native):
         engine.admit([0], [encode(INPUTS[0])])
         engine.forward(Feed([0], torch.tensor([[PAD, 20, 21, 22]]), [0], [4], [1]))
@@ -161,11 +167,15 @@ def test_a_forgotten_rollback_would_be_caught(monkeypatch, family):
     assert any(g.error is not None or g.token_ids != w.token_ids for g, w in zip(got, want))
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("family", ["t5", "bart"])
-def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family, kernel, monkeypatch):
-    """With the int8 kernel engines of every batch size pick here (the rule picks by slots)."""
+def test_int8_bild_and_speculative_are_int8_larges_greedy_output_at_every_batch_size(family, kernel, attention,
+                                                                                       monkeypatch):
+    """With the int8 kernel and the attention engines of every batch size pick here (the rules pick
+    by slots)."""
     monkeypatch.setattr(onnx_engine, "ROWS_KERNEL_FROM_SLOTS", 1 if kernel == "rows" else 10**6)
+    monkeypatch.setattr(onnx_engine, "KERNEL_FROM_SLOTS", 1 if attention == "kernel" else 10**6)
     small, large, tokenizer = build_pair(family, seed=0, small="noisy")
     pair = ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request="onnx", quantize="int8")
     assert_lossless_at_every_batch_size(pair, INPUTS, MAX_NEW)
@@ -286,9 +296,10 @@ def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name, q
         assert torch.equal(together.cross_v[:, slot, :, : len(source)], alone.cross_v[:, slot, :, : len(source)])
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ["t5-v1.1", "bart", "nllb"])
-def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name, kernel):
+def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name, kernel, attention):
     """Under int8 a last-bit difference upstream can move a product's rounding and so a token; every
     way of computing a position must give the same bits: one token per call, all in one call (a
     verification), or beside other rows of other lengths (a batch)."""
@@ -298,14 +309,14 @@ def test_int8_logits_are_the_same_bit_for_bit_however_a_position_is_fed(name, ke
     start = model.config.decoder_start_token_id
     row = [start] + [10 + (7 * i) % 50 for i in range(9)]
     sources = [encode(text) for text in INPUTS[:3]]
-    stepwise = OnnxEngine(weights, session, 1, kernel)
+    stepwise = OnnxEngine(weights, session, 1, kernel, attention=attention)
     stepwise.admit([0], [sources[0]])
     one_by_one = torch.cat([stepwise.forward(Feed([0], torch.tensor([[token]]), [i], [1], [1]))[0]
                             for i, token in enumerate(row)])
-    at_once = OnnxEngine(weights, session, 1, kernel)
+    at_once = OnnxEngine(weights, session, 1, kernel, attention=attention)
     at_once.admit([0], [sources[0]])
     verified = at_once.forward(Feed([0], torch.tensor([row]), [0], [len(row)], [len(row)]))[0]
-    batched = OnnxEngine(weights, session, 3, kernel)
+    batched = OnnxEngine(weights, session, 3, kernel, attention=attention)
     batched.admit([0, 1, 2], sources)
     tokens = torch.zeros((3, len(row)), dtype=torch.long)
     tokens[0], tokens[1, :4], tokens[2, :7] = torch.tensor(row), torch.tensor(row[:4]), torch.tensor(row[:7])

@@ -1,4 +1,5 @@
-"""The onnx engine (``models.engine: onnx``): the native engine's decoder step as one onnxruntime call.
+"""The onnx engine (``models.engine: onnx``): the native engine's decoder step as one onnxruntime call,
+or, from KERNEL_FROM_SLOTS slots on, as onnxruntime calls between which our own attention kernel runs.
 
 On a CPU a decode step of a small model is a chain of one-row matrix products and a couple of
 hundred small ops; onnxruntime runs the chain with MLAS (float32, or int8 with ``models.quantize:
@@ -25,6 +26,8 @@ import torch
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
 from pipeline.decoding.engines.native import NativeWeights
+from pipeline.decoding.engines import attention_kernel
+from pipeline.decoding.engines.onnx_segments import ATTENTIONS, SegmentedCall, SegmentFrame
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
 # Bound steps kept per engine (spans of slots x widths; at batch 32 rows finishing make new spans).
@@ -41,16 +44,27 @@ ROWS_KERNEL_FROM_SLOTS = 16
 # at batch 32, order alternating per round: 1 (gather unless contiguous) 0.98x of 2, 3 0.97x, never
 # gathering 0.80x.
 SPAN_AT_MOST = 2
+# Our attention kernel (attention_kernel.py: decode_attention.c between onnxruntime segments) instead of
+# onnxruntime's attention ops from this many slots on. Measured on the demo pair in int8, tokens/s of the
+# kernel over onnxruntime's ops, order alternating per round: `large` 1.03x at 1 slot, 1.21x at 4, 1.10x
+# at 8, 1.16x at 16, 1.28x at 32; `bild` 0.96x at 1 (its steps' extra calls cost more than they save),
+# 1.00x at 4, 1.06x at 32 (BENCHMARKS.md). Chosen per engine, never per call, like the int8 kernel.
+KERNEL_FROM_SLOTS = 4
 
 
 class OnnxEngine(Engine):
-    """A decoder over ``slots`` rows whose step is one onnxruntime call (float32, on the CPU)."""
+    """A decoder over ``slots`` rows whose step runs in onnxruntime (float32 or int8, on the CPU): one
+    call with onnxruntime's attention ops, or a call per layer's halves with decode_attention.c between
+    them (onnx_segments.py)."""
 
     kind = "onnx"
 
-    def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int, int8_kernel: str | None = None):
+    def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int, int8_kernel: str | None = None,
+                 attention: str | None = None):
         """``int8_kernel``: onnx_graph's kernel for int8 products (None: by ``slots``, as
-        ROWS_KERNEL_FROM_SLOTS says)."""
+        ROWS_KERNEL_FROM_SLOTS says). ``attention``: "kernel" (decode_attention.c between onnxruntime
+        segments: onnx_segments.py) or "onnxruntime" (its attention ops, the step one call); None:
+        the kernel from KERNEL_FROM_SLOTS slots on where it builds."""
         if weights.device.type != "cpu" or weights.dtype != torch.float32:
             raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
         super().__init__(slots, weights.device)
@@ -58,6 +72,13 @@ class OnnxEngine(Engine):
         if int8_kernel is None:
             int8_kernel = "rows" if slots >= ROWS_KERNEL_FROM_SLOTS else "blocks"
         self.int8_kernel = int8_kernel  # (float32: unused)
+        if attention is None:
+            attention = "kernel" if slots >= KERNEL_FROM_SLOTS and attention_kernel.kernel() else "onnxruntime"
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
+        if attention == "kernel" and attention_kernel.kernel() is None:
+            raise ValueError("the decode-attention kernel did not build here (see the log)")
+        self.attention = attention
         self.vocab = weights.head.weight.shape[1]  # the logits' width
         w = weights
         self.capacity, self.sources = 0, 0
@@ -67,6 +88,7 @@ class OnnxEngine(Engine):
         self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
         self._calls: dict = {}  # (first slot, end slot, W) -> a _StepCall over that span, while C and S stay
+        self._frames: dict = {}  # (A, W) -> a SegmentFrame (``attention`` "kernel")
         self._reserve(64)
 
     # --- memory -----------------------------------------------------------------------------------
@@ -150,17 +172,13 @@ class OnnxEngine(Engine):
                 tokens[a], counts[a] = feed.tokens[r], feed.counts[r]
         steps = torch.from_numpy(np.add.outer(positions, np.arange(width + 1)))  # [A, W + 1]
         self.weights.embed(tokens, steps[:, :width], out=call.hidden)
-        # A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
-        # its length + count; an idle one with none, its keys as they are.
-        query, keys = call.inputs["query_seqlens"], call.inputs["seqlens_k"]
-        for a, (position, count) in enumerate(zip(positions, counts)):
-            query[a], keys[a] = (count + 1, position + count) if count else (0, max(position, 1) - 1)
+        call.set_rows(positions, counts)
         call.reading(sum(feed.reads))[:] = [where[r] * width + i for r, (count, read_)
                                             in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
         if self.weights.position_bias:
             self._self_bias(steps, call.self_bias)
         started = time.perf_counter()
-        logits = call.run(self.sessions.step(self.int8_kernel))
+        logits = call.run()
         self.kernel_seconds += time.perf_counter() - started  # the rest of forward_seconds: this method's Python
         if not isinstance(read, slice):
             self._write_back(feed, call.caches)
@@ -196,18 +214,34 @@ class OnnxEngine(Engine):
         held = self.capacity if key is not None else min(self.capacity, -(-reach // 16) * 16)  # C of the call
         caches = {name: [self._rows(cache, read, held if name.startswith("self") else None).numpy()
                          for cache in getattr(self, name)] for name in ("self_k", "self_v", "cross_k", "cross_v")}
-        inputs = {"query_seqlens": np.zeros(attended, dtype=np.int32), "seqlens_k": np.zeros(attended, dtype=np.int32),
-                  "source_lengths": self.source_lengths[read],  # a view for a span: admission writes it in place
-                  "total_sequence_length": np.array(held, dtype=np.int32)}
-        inputs["hidden"] = np.zeros((attended, width, w.d_model), dtype=np.float32)
+        inputs = {"source_lengths": self.source_lengths[read]}  # a view for a span: admission writes it in place
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, held), dtype=np.float32)
-        call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
+        if self.attention == "kernel":
+            pieces = self.sessions.step_pieces(self.int8_kernel)[0]
+            call = SegmentedCall(self._frame(attended, width), pieces, caches, inputs, attention_kernel.kernel())
+        else:
+            inputs.update({"hidden": np.zeros((attended, width, w.d_model), dtype=np.float32),
+                           "query_seqlens": np.zeros(attended, dtype=np.int32),
+                           "seqlens_k": np.zeros(attended, dtype=np.int32),
+                           "total_sequence_length": np.array(held, dtype=np.int32)})
+            call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
         if key is not None:
             if len(self._calls) >= KEPT_CALLS:
                 self._calls.pop(next(iter(self._calls)))  # the oldest
             self._calls[key] = call
         return call
+
+    def _frame(self, rows: int, width: int) -> SegmentFrame:
+        """The onnxruntime side of a kernel-mode step of this shape (kept: it does not depend on the
+        caches, so a gathered step binds only its kernel calls anew)."""
+        key = (rows, width)
+        if key not in self._frames:
+            if len(self._frames) >= KEPT_CALLS:
+                self._frames.pop(next(iter(self._frames)))  # the oldest
+            pieces, logits, layout = self.sessions.step_pieces(self.int8_kernel)
+            self._frames[key] = SegmentFrame(pieces, logits, layout, rows, width, self.weights.d_model, self.vocab)
+        return self._frames[key]
 
     @staticmethod
     def _rows(cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
@@ -260,7 +294,7 @@ class _StepCall:
 
         from pipeline.decoding.engines.onnx_graph import StepGraph
 
-        self._ort_value, self.vocab = OrtValue, vocab
+        self._ort_value, self.vocab, self.session = OrtValue, vocab, session
         self.binding = session.io_binding()
         self.caches, self.inputs = caches, inputs  # kept alive with the binding, which points into them
         for name, arrays in caches.items():
@@ -275,6 +309,13 @@ class _StepCall:
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
         self.read = self.logits = None  # [n] and [n, V], bound by ``reading``
 
+    def set_rows(self, positions: list[int], counts: list[int]) -> None:
+        """A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
+        its length + count; an idle one with none, its keys as they are."""
+        query, keys = self.inputs["query_seqlens"], self.inputs["seqlens_k"]
+        for a, (position, count) in enumerate(zip(positions, counts)):
+            query[a], keys[a] = (count + 1, position + count) if count else (0, max(position, 1) - 1)
+
     def reading(self, reads: int) -> np.ndarray:
         """The read positions [n] to fill for a call that reads ``reads`` logits (bound, with its
         logits, where the last call read another number)."""
@@ -284,9 +325,9 @@ class _StepCall:
             self.binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(self.logits))
         return self.read
 
-    def run(self, session) -> torch.Tensor:
+    def run(self) -> torch.Tensor:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
-        session.run_with_iobinding(self.binding)
+        self.session.run_with_iobinding(self.binding)
         return torch.from_numpy(self.logits.copy())
 
 

@@ -52,6 +52,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.decoding.engines.onnx_segments import ATTENTIONS
+
 OPSET = 20  # Gelu with its tanh approximation
 MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the attention and Skip norms, Gelu
 # int8 weights: one scale per 64 inputs of each output (fewer for narrower matrices). Larger blocks
@@ -233,14 +235,26 @@ class LayerGraph:
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MICROSOFT, 1)])
 
 
+KERNEL = "bild"  # the domain of the attention nodes that the engine runs itself (``attention="kernel"``)
+
+
 class StepGraph(LayerGraph):
     """Builds one decoder step of a model with ``layers`` layers of ``heads`` heads of ``d_kv``."""
 
-    def __init__(self, *, layers: int, self_bias: bool, **shape):
+    def __init__(self, *, layers: int, self_bias: bool, attention: str = "onnxruntime", **shape):
         """``self_bias``: whether self-attention adds a bias input to its scores (T5's relative
-        positions); without one it is only causal. ``shape``: LayerGraph's."""
+        positions); without one it is only causal. ``attention``: onnxruntime's ops, or "kernel": an
+        op of the domain KERNEL per attention, which onnx_segments.py cuts the step at, for the engine
+        to run decode_attention.c there. ``shape``: LayerGraph's."""
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
         super().__init__(**shape)
-        self.layers, self.self_bias = layers, self_bias
+        self.layers, self.self_bias, self.attention = layers, self_bias, attention
+
+    def _kernel_attention(self, kind: str, layer: int, x: str, scale: float) -> str:
+        """A node the engine runs itself: ``kind`` ("self": x is the packed q | k | v, "cross": x is
+        the query) attention of ``layer`` -> [A, W, inner]."""
+        return self.op(f"{kind.capitalize()}Attention", x, domain=KERNEL, layer=layer, scale=float(scale))
 
     @staticmethod
     def _layer_of(cache: str, layer: int) -> str:
@@ -258,6 +272,8 @@ class StepGraph(LayerGraph):
         (packed, as GroupQueryAttention reads them); it writes k and v at their positions into the
         layer's cache, in place (the output bound to the input's memory), and attends to each row's
         cached positions up to each query's own, adding ``self_bias`` (T5's relative positions)."""
+        if self.attention == "kernel":
+            return self._kernel_attention("self", layer, self.matmul(hidden, matrix, bias), scale)
         qkv = self._one_more_row(self.matmul(hidden, matrix, bias))  # [A, W + 1, 3 * inner]
         cache_k, cache_v = self._layer_of("self_k", layer), self._layer_of("self_v", layer)
         attended = self._fresh("attended")
@@ -272,6 +288,8 @@ class StepGraph(LayerGraph):
     def cross_attention(self, layer: int, query: str, scale: float = 1.0) -> str:
         """Attention over the rows' encoder outputs (each row's first ``source_lengths``); query
         [A, W, inner] -> [A, W, inner]."""
+        if self.attention == "kernel":
+            return self._kernel_attention("cross", layer, query, scale)
         inputs = _positional(MHA_INPUTS, query=self._one_more_row(query), key=self._layer_of("cross_k", layer),
                              value=self._layer_of("cross_v", layer), key_padding_mask="source_lengths")
         return self._without_last_row(self.op("MultiHeadAttention", *inputs, domain=MICROSOFT, num_heads=self.heads,

@@ -72,14 +72,36 @@ class OnnxSessions:
         int8_kernel = self._kernel(int8_kernel)
         key = ("step", int8_kernel)
         if key not in self._sessions:
-            w, graphs = self.weights, _graphs()
-            graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
-                                     self_bias=w.position_bias, quantize=self.quantize, int8_kernel=int8_kernel)
-            hidden = "hidden"
-            for index in range(w.layer_count):
-                hidden = w.decoder_layer_graph(graph, hidden, index)
-            self._sessions[key] = _session(graph, graph.model(w.logits_graph(graph, graph.read(hidden))))
+            graph, logits = self._step_graph(int8_kernel, "onnxruntime")
+            self._sessions[key] = _session(graph, graph.model(logits))
         return self._sessions[key]
+
+    def step_pieces(self, int8_kernel: str = "blocks") -> tuple[list, str, tuple]:
+        """The decoder step with our attention kernel (onnx_segments.py): its pieces in order, a
+        segment as (Segment, its session); the name of the logits' tensor; where the tensors the
+        pieces hand on live (onnx_segments.buffers)."""
+        int8_kernel = self._kernel(int8_kernel)
+        key = ("step_pieces", int8_kernel)
+        if key not in self._sessions:
+            from pipeline.decoding.engines.onnx_segments import Attention, buffers, segments
+
+            graph, logits = self._step_graph(int8_kernel, "kernel")
+            pieces = [piece if isinstance(piece, Attention) else (piece, _session(graph, piece.model))
+                      for piece in segments(graph, logits)]
+            w = self.weights
+            self._sessions[key] = (pieces, logits, buffers(pieces, w.d_model, w.heads * w.d_kv))
+        return self._sessions[key]
+
+    def _step_graph(self, int8_kernel: str, attention: str):
+        """The step's graph (onnx_graph.StepGraph) built with the family's layers, and its logits' name."""
+        w, graphs = self.weights, _graphs()
+        graph = graphs.StepGraph(d_model=w.d_model, layers=w.layer_count, heads=w.heads, d_kv=w.d_kv,
+                                 self_bias=w.position_bias, quantize=self.quantize, int8_kernel=int8_kernel,
+                                 attention=attention)
+        hidden = "hidden"
+        for index in range(w.layer_count):
+            hidden = w.decoder_layer_graph(graph, hidden, index)
+        return graph, w.logits_graph(graph, graph.read(hidden))
 
     def admission(self, projections_only: bool = False, int8_kernel: str = "blocks"):
         """The admission of new rows; ``int8_kernel`` as ``step``'s."""

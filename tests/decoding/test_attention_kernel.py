@@ -1,0 +1,143 @@
+"""The onnx engine's own attention (attention_kernel.py, decode_attention.c) and the step cut around it
+(onnx_segments.py). Its numerics and its invariants run in test_onnx_engine.py with either attention;
+here: the kernel against a plain torch reference, the cut step's plumbing, and a machine without a
+compiler."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.decoding.engines import attention_kernel, onnx_engine
+from pipeline.decoding.engines.onnx_engine import OnnxEngine
+from pipeline.decoding.engines.onnx_segments import Attention
+from pipeline.decoding.engines.onnx_sessions import OnnxSessions
+from pipeline.decoding.models import native_weights
+from support.native_models import build
+
+ROWS, WIDTH, HEADS, DK, CAPACITY, SOURCES = 3, 4, 2, 24, 16, 7
+
+
+def reference(query, keys, values, scale, bias=None):
+    """softmax(scale * q.k + bias) . v in float64: query [dk], keys and values [n, dk]."""
+    scores = scale * keys.double() @ query.double()
+    if bias is not None:
+        scores = scores + bias.double()
+    return torch.softmax(scores, dim=0) @ values.double()
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    built = attention_kernel.kernel()
+    if built is None:
+        pytest.skip("no C compiler here: the engine runs onnxruntime's attention (tested below)")
+    return built
+
+
+def test_self_attention_writes_the_fed_keys_and_attends_causally(kernel):
+    rng = np.random.default_rng(0)
+    inner = HEADS * DK
+    qkv = rng.standard_normal((ROWS, WIDTH, 3 * inner), dtype=np.float32)
+    cache_k = rng.standard_normal((ROWS, HEADS, CAPACITY, DK), dtype=np.float32)
+    cache_v = rng.standard_normal((ROWS, HEADS, CAPACITY, DK), dtype=np.float32)
+    before = cache_k.copy()
+    positions, counts = np.array([0, 5, 9], dtype=np.int32), np.array([4, 1, 0], dtype=np.int32)  # row 2 idle
+    bias = rng.standard_normal((ROWS, HEADS, WIDTH + 1, CAPACITY), dtype=np.float32)
+    out = np.full((ROWS, WIDTH, inner), np.nan, dtype=np.float32)
+    kernel.self_attention(qkv, cache_k, cache_v, positions, counts, bias, 0.5, out)()
+    q, k, v = (torch.from_numpy(qkv[..., part * inner:(part + 1) * inner]).view(ROWS, WIDTH, HEADS, DK)
+               for part in range(3))
+    for a in range(ROWS):
+        position, count = int(positions[a]), int(counts[a])
+        for h in range(HEADS):
+            assert np.array_equal(cache_k[a, h, position:position + count], k[a, :count, h].numpy())
+            assert np.array_equal(cache_v[a, h, position:position + count], v[a, :count, h].numpy())
+            assert np.array_equal(cache_k[a, h, position + count:], before[a, h, position + count:])  # nothing past
+            for i in range(count):
+                n = position + i + 1  # its own position included, none after it
+                want = reference(q[a, i, h], torch.from_numpy(cache_k[a, h, :n]), torch.from_numpy(cache_v[a, h, :n]),
+                                 0.5, torch.from_numpy(bias[a, h, i, :n]))
+                torch.testing.assert_close(torch.from_numpy(out[a, i, h * DK:(h + 1) * DK]).double(), want,
+                                           atol=1e-5, rtol=0)
+        assert not out[a, count:].any()  # positions not fed are left zero
+
+
+def test_cross_attention_reads_each_rows_own_sources(kernel):
+    rng = np.random.default_rng(1)
+    inner = HEADS * DK
+    query = rng.standard_normal((ROWS, WIDTH, inner), dtype=np.float32)
+    keys = rng.standard_normal((ROWS, HEADS, SOURCES, DK), dtype=np.float32)
+    values = rng.standard_normal((ROWS, HEADS, SOURCES, DK), dtype=np.float32)
+    lengths, counts = np.array([7, 2, 5], dtype=np.int32), np.array([2, 4, 1], dtype=np.int32)
+    out = np.zeros((ROWS, WIDTH, inner), dtype=np.float32)
+    kernel.cross_attention(query, keys, values, lengths, counts, 1.0, out)()
+    for a in range(ROWS):
+        n = int(lengths[a])
+        for i in range(int(counts[a])):
+            for h in range(HEADS):
+                want = reference(torch.from_numpy(query[a, i, h * DK:(h + 1) * DK]), torch.from_numpy(keys[a, h, :n]),
+                                 torch.from_numpy(values[a, h, :n]), 1.0)
+                torch.testing.assert_close(torch.from_numpy(out[a, i, h * DK:(h + 1) * DK]).double(), want,
+                                           atol=1e-5, rtol=0)
+
+
+def test_arrays_it_cannot_read_are_refused(kernel):
+    cache = np.zeros((1, HEADS, CAPACITY, DK), dtype=np.float32)
+    with pytest.raises(ValueError, match="C-contiguous float32 or int32"):
+        kernel.cross_attention(np.zeros((1, 1, HEADS * DK)), cache, cache, np.ones(1, np.int32), np.ones(1, np.int32),
+                               1.0, np.zeros((1, 1, HEADS * DK), np.float32))  # float64 query
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernel.cross_attention(np.zeros((1, 1, HEADS * DK), np.float32), cache[:, :, ::2], cache[:, :, ::2],
+                               np.ones(1, np.int32), np.ones(1, np.int32), 1.0, np.zeros((1, 1, HEADS * DK), np.float32))
+
+
+@pytest.mark.parametrize("name", ["t5-v1.1", "bart"])
+def test_the_cut_step_hands_each_tensor_on_in_a_buffer_no_piece_both_reads_and_writes(name, kernel):
+    """Between a piece that writes a tensor and its last reader no other tensor takes its buffer, and a
+    piece never writes a buffer it reads (onnxruntime and the kernel would overwrite their own input);
+    the buffers are far fewer than the tensors (a step's memory does not grow with its layers)."""
+    weights = native_weights(build(name))
+    pieces, logits, (where, widths) = OnnxSessions(weights, "int8").step_pieces("rows")
+    assert sum(isinstance(piece, Attention) for piece in pieces) == 2 * weights.layer_count
+    reads = [[piece.input] if isinstance(piece, Attention) else list(piece[0].inputs) for piece in pieces]
+    writes = [[piece.output] if isinstance(piece, Attention) else list(piece[0].outputs) for piece in pieces]
+    holder = {}  # buffer -> the tensor in it now
+    for index, (read, written) in enumerate(zip(reads, writes)):
+        for name_read in read:
+            if name_read in where:
+                assert holder[where[name_read]] == name_read, f"piece {index}: {name_read} was overwritten"
+        for name_written in written:
+            if name_written in where:
+                assert where[name_written] not in {where[r] for r in read if r in where}, f"piece {index}"
+                holder[where[name_written]] = name_written
+    assert logits in writes[-1] and logits not in where
+    assert len(widths) <= 6 < len(where)
+
+
+def test_without_a_compiler_the_engine_keeps_onnxruntimes_attention(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    attention_kernel.kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.decoding.engines.attention_kernel"):
+            assert attention_kernel.kernel() is None
+        assert "did not build" in caplog.text
+        weights = native_weights(build("t5-v1.0"))
+        sessions = OnnxSessions(weights)
+        assert OnnxEngine(weights, sessions, onnx_engine.KERNEL_FROM_SLOTS).attention == "onnxruntime"
+        with pytest.raises(ValueError, match="did not build here"):
+            OnnxEngine(weights, sessions, 1, attention="kernel")
+    finally:
+        attention_kernel.kernel.cache_clear()
+
+
+def test_engines_of_enough_slots_run_the_kernel(kernel):
+    weights = native_weights(build("bart"))
+    sessions = OnnxSessions(weights)
+    slots = onnx_engine.KERNEL_FROM_SLOTS
+    assert OnnxEngine(weights, sessions, slots).attention == "kernel"
+    assert OnnxEngine(weights, sessions, slots - 1).attention == "onnxruntime"
+    with pytest.raises(ValueError, match="attention 'fused': one of onnxruntime, kernel"):
+        OnnxEngine(weights, sessions, 1, attention="fused")
