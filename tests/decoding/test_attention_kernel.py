@@ -119,6 +119,7 @@ def test_the_cut_step_hands_each_tensor_on_in_a_buffer_no_piece_both_reads_and_w
 
 def test_without_a_compiler_the_engine_keeps_onnxruntimes_attention(monkeypatch, caplog):
     monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.delenv("BILD_ATTENTION_KERNEL", raising=False)
     attention_kernel.kernel.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="pipeline.decoding.engines.attention_kernel"):

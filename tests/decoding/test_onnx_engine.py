@@ -18,7 +18,7 @@ import pipeline.decoding.scheduler as scheduler_module
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.engines.native import NativeEngine
-from pipeline.decoding.engines import onnx_engine
+from pipeline.decoding.engines import attention_kernel, onnx_engine
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.decoding.models import build_engine, native_weights
@@ -35,7 +35,10 @@ MODELS = ["t5-v1.0", "t5-v1.1", "narrow-heads", "bart", "mbart", "marian", "nllb
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut."]
 MAX_NEW = 20
 KERNELS = ["blocks", "rows"]  # onnx_graph.INT8_KERNELS (not imported: onnx_graph needs onnx at import)
-ATTENTIONS = ["onnxruntime", "kernel"]  # onnx_graph.ATTENTIONS: onnxruntime's ops, or ours (decode_attention.c)
+# attention_kernel.ATTENTIONS: onnxruntime's ops, or ours (decode_attention.c; where no C compiler builds it,
+# engines run onnxruntime's: test_attention_kernel.py)
+ATTENTIONS = ["onnxruntime", pytest.param("kernel", marks=pytest.mark.skipif(
+    attention_kernel.kernel() is None, reason="no C compiler here to build the attention kernel"))]
 INT8_SAMPLES = 4000  # as the batched distribution test (test_batch.py)
 
 

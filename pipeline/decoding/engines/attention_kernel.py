@@ -18,6 +18,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
+ATTENTIONS = ("onnxruntime", "kernel")  # an onnx engine's attention: onnxruntime's ops, or this kernel
 SOURCE = Path(__file__).with_name("decode_attention.c")
 # -march=native: the vector width of the machine that runs it (it is built where it runs);
 # no -ffast-math: the sums keep the source's order, so a row's result never depends on the call.

@@ -27,7 +27,7 @@ import torch
 from pipeline.decoding.engine import Engine, Feed, place_logits
 from pipeline.decoding.engines.native import NativeWeights
 from pipeline.decoding.engines import attention_kernel
-from pipeline.decoding.engines.onnx_segments import ATTENTIONS, SegmentedCall, SegmentFrame
+from pipeline.decoding.engines.onnx_segments import SegmentedCall, SegmentFrame
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
 # Bound steps kept per engine (spans of slots x widths; at batch 32 rows finishing make new spans).
@@ -74,8 +74,8 @@ class OnnxEngine(Engine):
         self.int8_kernel = int8_kernel  # (float32: unused)
         if attention is None:
             attention = "kernel" if slots >= KERNEL_FROM_SLOTS and attention_kernel.kernel() else "onnxruntime"
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
+        if attention not in attention_kernel.ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: one of {', '.join(attention_kernel.ATTENTIONS)}")
         if attention == "kernel" and attention_kernel.kernel() is None:
             raise ValueError("the decode-attention kernel did not build here (see the log)")
         self.attention = attention

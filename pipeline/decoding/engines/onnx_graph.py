@@ -52,7 +52,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.decoding.engines.onnx_segments import ATTENTIONS
+from pipeline.decoding.engines.attention_kernel import ATTENTIONS
 
 OPSET = 20  # Gelu with its tanh approximation
 MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the attention and Skip norms, Gelu

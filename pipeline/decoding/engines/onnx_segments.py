@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from pipeline.decoding.engines.onnx_graph import StepGraph
 
 # (onnx is imported where a graph is cut: the engine imports this module on machines without it.)
-ATTENTIONS = ("onnxruntime", "kernel")  # a step's attention: onnxruntime's ops, or ours between segments
 
 
 @dataclass(frozen=True)
