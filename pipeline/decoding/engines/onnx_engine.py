@@ -45,10 +45,11 @@ ROWS_KERNEL_FROM_SLOTS = 16
 # gathering 0.80x.
 SPAN_AT_MOST = 2
 # Our attention kernel (attention_kernel.py: decode_attention.c between onnxruntime segments) instead of
-# onnxruntime's attention ops from this many slots on. Measured on the demo pair in int8, tokens/s of the
-# kernel over onnxruntime's ops, order alternating per round: `large` 1.03x at 1 slot, 1.21x at 4, 1.10x
-# at 8, 1.16x at 16, 1.28x at 32; `bild` 0.96x at 1 (its steps' extra calls cost more than they save),
-# 1.00x at 4, 1.06x at 32 (BENCHMARKS.md). Chosen per engine, never per call, like the int8 kernel.
+# onnxruntime's attention ops from this many slots on. Demo pair, int8, tokens/s of the kernel over
+# onnxruntime's ops, order alternating per round, two runs: `large` 0.92x / 1.03x at 1 slot, 1.05x / 1.21x
+# at 4, 1.37x / 1.28x at 32; `bild` 0.99x / 0.96x at 1 (a step's 2L + 1 calls cost what they save there),
+# 1.02x / 1.00x at 4, 1.06x / 1.06x at 32 (BENCHMARKS.md). Chosen per engine, never per call, like the
+# int8 kernel: `bild` and `speculative` stay `large`'s tokens at each batch size.
 KERNEL_FROM_SLOTS = 4
 
 

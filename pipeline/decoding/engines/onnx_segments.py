@@ -89,7 +89,7 @@ def _segment(graph: StepGraph, nodes: list[onnx.NodeProto], inputs: tuple[str, .
     initializers = [onnx.numpy_helper.from_array(value, key) for key, value in graph.initializers.items()
                     if key in used]
     body = helper.make_graph(
-        nodes, f"step_segment_{len(outputs)}",
+        nodes, "step_segment",
         [helper.make_tensor_value_info(name, integer_inputs.get(name, TensorProto.FLOAT), None) for name in inputs],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs], initializers)
     model = helper.make_model(body, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MICROSOFT, 1)])
