@@ -27,7 +27,7 @@ import torch
 from pipeline.decoding.engine import Engine, Feed, place_logits
 from pipeline.decoding.engines.native import NativeWeights
 from pipeline.decoding.engines import attention_kernel
-from pipeline.decoding.engines.onnx_segments import SegmentedCall, SegmentFrame
+from pipeline.decoding.engines.onnx_segments import ReadLogits, SegmentedCall, SegmentFrame
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
 # Bound steps kept per engine (spans of slots x widths; at batch 32 rows finishing make new spans).
@@ -219,8 +219,7 @@ class OnnxEngine(Engine):
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, held), dtype=np.float32)
         if self.attention == "kernel":
-            pieces = self.sessions.step_pieces(self.int8_kernel)[0]
-            call = SegmentedCall(self._frame(attended, width), pieces, caches, inputs, attention_kernel.kernel())
+            call = SegmentedCall(self._frame(attended, width), caches, inputs, attention_kernel.kernel())
         else:
             inputs.update({"hidden": np.zeros((attended, width, w.d_model), dtype=np.float32),
                            "query_seqlens": np.zeros(attended, dtype=np.int32),
@@ -295,7 +294,7 @@ class _StepCall:
 
         from pipeline.decoding.engines.onnx_graph import StepGraph
 
-        self._ort_value, self.vocab, self.session = OrtValue, vocab, session
+        self.session = session
         self.binding = session.io_binding()
         self.caches, self.inputs = caches, inputs  # kept alive with the binding, which points into them
         for name, arrays in caches.items():
@@ -308,7 +307,8 @@ class _StepCall:
             self.binding.bind_cpu_input(name, array)
         self.hidden = torch.from_numpy(inputs["hidden"]).view(-1, inputs["hidden"].shape[-1])  # [A * W, d]
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
-        self.read = self.logits = None  # [n] and [n, V], bound by ``reading``
+        self.reads = ReadLogits(self.binding, "logits", vocab)
+        self.reading = self.reads.reading
 
     def set_rows(self, positions: list[int], counts: list[int]) -> None:
         """A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
@@ -317,19 +317,10 @@ class _StepCall:
         for a, (position, count) in enumerate(zip(positions, counts)):
             query[a], keys[a] = (count + 1, position + count) if count else (0, max(position, 1) - 1)
 
-    def reading(self, reads: int) -> np.ndarray:
-        """The read positions [n] to fill for a call that reads ``reads`` logits (bound, with its
-        logits, where the last call read another number)."""
-        if self.read is None or len(self.read) != reads:
-            self.read, self.logits = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
-            self.binding.bind_cpu_input("read", self.read)
-            self.binding.bind_ortvalue_output("logits", self._ort_value.ortvalue_from_numpy(self.logits))
-        return self.read
-
     def run(self) -> torch.Tensor:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
         self.session.run_with_iobinding(self.binding)
-        return torch.from_numpy(self.logits.copy())
+        return torch.from_numpy(self.reads.logits.copy())
 
 
 def _resized(cache: torch.Tensor, dim: int, size: int) -> torch.Tensor:

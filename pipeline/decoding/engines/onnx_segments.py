@@ -132,6 +132,26 @@ def buffers(pieces: list, d_model: int, inner: int) -> tuple[dict[str, int], lis
     return where, widths
 
 
+class ReadLogits:
+    """A step's read positions [n] and their logits [n, V], bound to the onnxruntime binding that reads
+    and writes them: anew only where a call reads another number of logits than the last."""
+
+    def __init__(self, binding, logits: str, vocab: int):
+        """``logits``: the name of the logits' output in the binding's graph."""
+        from onnxruntime import OrtValue  # here: a machine without onnxruntime runs the other engines
+
+        self._ort_value, self.binding, self.name, self.vocab = OrtValue, binding, logits, vocab
+        self.read = self.logits = None
+
+    def reading(self, reads: int) -> np.ndarray:
+        """The read positions [n] to fill for a call that reads ``reads`` logits."""
+        if self.read is None or len(self.read) != reads:
+            self.read, self.logits = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
+            self.binding.bind_cpu_input("read", self.read)
+            self.binding.bind_ortvalue_output(self.name, self._ort_value.ortvalue_from_numpy(self.logits))
+        return self.read
+
+
 class SegmentFrame:
     """The onnxruntime side of a step bound once for A rows of W positions: the arrays of the hidden
     states, of the rows' positions and counts and of every tensor handed on between pieces, and each
@@ -141,13 +161,13 @@ class SegmentFrame:
                  d_model: int, vocab: int):
         from onnxruntime import OrtValue  # here: a machine without onnxruntime runs the other engines
 
-        self._ort_value, self.vocab, self._logits = OrtValue, vocab, logits
+        self.pieces = pieces
         where, widths = layout
         memory = [np.zeros((rows, width, size), dtype=np.float32) for size in widths]
         self.arrays = {name: memory[index] for name, index in where.items()}
         self.arrays["hidden"] = np.zeros((rows, width, d_model), dtype=np.float32)
         self.positions, self.counts = np.zeros(rows, dtype=np.int32), np.zeros(rows, dtype=np.int32)
-        self.runs, self._last = [], None  # per piece: a segment's run, or None; the binding that reads `read`
+        self.runs, self.reads = [], None  # per piece: a segment's run, or None; the last segment's ReadLogits
         for piece in pieces:
             if isinstance(piece, Attention):
                 self.runs.append(None)
@@ -159,20 +179,10 @@ class SegmentFrame:
                     binding.bind_cpu_input(name, self.arrays[name])
             for name in segment.outputs:
                 if name == logits:
-                    self._last = binding
+                    self.reads = ReadLogits(binding, logits, vocab)
                 else:
                     binding.bind_ortvalue_output(name, OrtValue.ortvalue_from_numpy(self.arrays[name]))
             self.runs.append(functools.partial(session.run_with_iobinding, binding))
-        self.read = self.logits = None  # [n] and [n, V], bound by ``reading``
-
-    def reading(self, reads: int) -> np.ndarray:
-        """The read positions [n] to fill for a call that reads ``reads`` logits (bound, with its
-        logits, where the last call read another number)."""
-        if self.read is None or len(self.read) != reads:
-            self.read, self.logits = np.zeros(reads, dtype=np.int64), np.empty((reads, self.vocab), dtype=np.float32)
-            self._last.bind_cpu_input("read", self.read)
-            self._last.bind_ortvalue_output(self._logits, self._ort_value.ortvalue_from_numpy(self.logits))
-        return self.read
 
 
 class SegmentedCall:
@@ -180,15 +190,15 @@ class SegmentedCall:
     A step fills ``hidden``, the rows (``set_rows``), T5's ``self_bias`` and the read positions, then
     ``run``s the pieces in order."""
 
-    def __init__(self, frame: SegmentFrame, pieces: list, caches: dict[str, list[np.ndarray]],
-                 inputs: dict[str, np.ndarray], kernel):
+    def __init__(self, frame: SegmentFrame, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray],
+                 kernel):
         """``caches``: each layer's self- and cross-attention keys and values [A, H, C or S, dk];
         ``inputs``: source_lengths [A] (and T5's self_bias [A, H, W + 1, C]); ``kernel``: attention_kernel's."""
         self.frame, self.caches, self.inputs = frame, caches, inputs  # kept alive: the calls point into them
         self.hidden = torch.from_numpy(frame.arrays["hidden"]).view(-1, frame.arrays["hidden"].shape[-1])  # [A * W, d]
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
-        self.plan = [run or self._attention(kernel, piece) for piece, run in zip(pieces, frame.runs)]
-        self.reading = frame.reading
+        self.plan = [run or self._attention(kernel, piece) for piece, run in zip(frame.pieces, frame.runs)]
+        self.reading = frame.reads.reading
 
     def _attention(self, kernel, piece: Attention):
         frame, layer = self.frame, piece.layer
@@ -207,4 +217,4 @@ class SegmentedCall:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
         for call in self.plan:
             call()
-        return torch.from_numpy(self.frame.logits.copy())
+        return torch.from_numpy(self.frame.reads.logits.copy())
