@@ -41,8 +41,8 @@ def test_self_attention_writes_the_fed_keys_and_attends_causally(kernel):
     rng = np.random.default_rng(0)
     inner = HEADS * DK
     qkv = rng.standard_normal((ROWS, WIDTH, 3 * inner), dtype=np.float32)
-    cache_k = rng.standard_normal((ROWS, HEADS, CAPACITY, DK), dtype=np.float32)
-    cache_v = rng.standard_normal((ROWS, HEADS, CAPACITY, DK), dtype=np.float32)
+    cache_k = rng.standard_normal((ROWS, CAPACITY, HEADS, DK), dtype=np.float32)  # positions, then heads
+    cache_v = rng.standard_normal((ROWS, CAPACITY, HEADS, DK), dtype=np.float32)
     before = cache_k.copy()
     positions, counts = np.array([0, 5, 9], dtype=np.int32), np.array([4, 1, 0], dtype=np.int32)  # row 2 idle
     bias = rng.standard_normal((ROWS, HEADS, WIDTH + 1, CAPACITY), dtype=np.float32)
@@ -53,12 +53,12 @@ def test_self_attention_writes_the_fed_keys_and_attends_causally(kernel):
     for a in range(ROWS):
         position, count = int(positions[a]), int(counts[a])
         for h in range(HEADS):
-            assert np.array_equal(cache_k[a, h, position:position + count], k[a, :count, h].numpy())
-            assert np.array_equal(cache_v[a, h, position:position + count], v[a, :count, h].numpy())
-            assert np.array_equal(cache_k[a, h, position + count:], before[a, h, position + count:])  # nothing past
+            assert np.array_equal(cache_k[a, position:position + count, h], k[a, :count, h].numpy())
+            assert np.array_equal(cache_v[a, position:position + count, h], v[a, :count, h].numpy())
+            assert np.array_equal(cache_k[a, position + count:, h], before[a, position + count:, h])  # nothing past
             for i in range(count):
                 n = position + i + 1  # its own position included, none after it
-                want = reference(q[a, i, h], torch.from_numpy(cache_k[a, h, :n]), torch.from_numpy(cache_v[a, h, :n]),
+                want = reference(q[a, i, h], torch.from_numpy(cache_k[a, :n, h]), torch.from_numpy(cache_v[a, :n, h]),
                                  0.5, torch.from_numpy(bias[a, h, i, :n]))
                 torch.testing.assert_close(torch.from_numpy(out[a, i, h * DK:(h + 1) * DK]).double(), want,
                                            atol=1e-5, rtol=0)
@@ -69,8 +69,8 @@ def test_cross_attention_reads_each_rows_own_sources(kernel):
     rng = np.random.default_rng(1)
     inner = HEADS * DK
     query = rng.standard_normal((ROWS, WIDTH, inner), dtype=np.float32)
-    keys = rng.standard_normal((ROWS, HEADS, SOURCES, DK), dtype=np.float32)
-    values = rng.standard_normal((ROWS, HEADS, SOURCES, DK), dtype=np.float32)
+    keys = rng.standard_normal((ROWS, SOURCES, HEADS, DK), dtype=np.float32)
+    values = rng.standard_normal((ROWS, SOURCES, HEADS, DK), dtype=np.float32)
     lengths, counts = np.array([7, 2, 5], dtype=np.int32), np.array([2, 4, 1], dtype=np.int32)
     out = np.zeros((ROWS, WIDTH, inner), dtype=np.float32)
     kernel.cross_attention(query, keys, values, lengths, counts, 1.0, out)()
@@ -78,19 +78,19 @@ def test_cross_attention_reads_each_rows_own_sources(kernel):
         n = int(lengths[a])
         for i in range(int(counts[a])):
             for h in range(HEADS):
-                want = reference(torch.from_numpy(query[a, i, h * DK:(h + 1) * DK]), torch.from_numpy(keys[a, h, :n]),
-                                 torch.from_numpy(values[a, h, :n]), 1.0)
+                want = reference(torch.from_numpy(query[a, i, h * DK:(h + 1) * DK]), torch.from_numpy(keys[a, :n, h]),
+                                 torch.from_numpy(values[a, :n, h]), 1.0)
                 torch.testing.assert_close(torch.from_numpy(out[a, i, h * DK:(h + 1) * DK]).double(), want,
                                            atol=1e-5, rtol=0)
 
 
 def test_arrays_it_cannot_read_are_refused(kernel):
-    cache = np.zeros((1, HEADS, CAPACITY, DK), dtype=np.float32)
+    cache = np.zeros((1, CAPACITY, HEADS, DK), dtype=np.float32)
     with pytest.raises(ValueError, match="C-contiguous float32 or int32"):
         kernel.cross_attention(np.zeros((1, 1, HEADS * DK)), cache, cache, np.ones(1, np.int32), np.ones(1, np.int32),
                                1.0, np.zeros((1, 1, HEADS * DK), np.float32))  # float64 query
     with pytest.raises(ValueError, match="C-contiguous"):
-        kernel.cross_attention(np.zeros((1, 1, HEADS * DK), np.float32), cache[:, :, ::2], cache[:, :, ::2],
+        kernel.cross_attention(np.zeros((1, 1, HEADS * DK), np.float32), cache[:, ::2], cache[:, ::2],
                                np.ones(1, np.int32), np.ones(1, np.int32), 1.0, np.zeros((1, 1, HEADS * DK), np.float32))
 
 

@@ -149,6 +149,23 @@ def test_a_rollback_is_only_a_shorter_length(attention):
     assert 0 < onnx.kernel_seconds < onnx.forward_seconds and native.kernel_seconds == 0
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_the_source_buffer_holds_the_longest_source_and_only_onnxruntimes_attention_shrinks_it(attention):
+    """onnxruntime's cross-attention reads every position of the buffer: once a long source is gone the
+    buffer shrinks to the sources held. Our kernel reads only each row's own: its buffer only grows
+    (a resize copies every cross cache and rebinds every step)."""
+    weights = native_weights(build("bart"))
+    engine = OnnxEngine(weights, OnnxSessions(weights), 4, attention=attention)
+    long, short = encode("x" * 60), encode(INPUTS[-2])  # 61 and 10 positions
+    engine.admit([0], [long])
+    assert engine.sources == 64
+    engine.release(0)
+    engine.admit([1], [short])
+    assert engine.sources == (64 if attention == "kernel" else 16)
+    engine.admit([2], [encode("y" * 70)])  # past the buffer: it grows
+    assert engine.sources == (128 if attention == "kernel" else 72)
+
+
 @pytest.mark.parametrize("family", ["t5", "bart"])
 def test_a_forgotten_rollback_would_be_caught(monkeypatch, family):
     """The token comparisons have teeth on this engine: one that keeps rejected drafts' keys and

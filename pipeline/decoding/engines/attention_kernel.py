@@ -40,12 +40,12 @@ class DecodeAttention:
 
     def self_attention(self, qkv: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, positions: np.ndarray,
                        counts: np.ndarray, bias: np.ndarray | None, scale: float, out: np.ndarray):
-        """qkv [A, W, 3 * H * dk]; cache_k, cache_v [A, H, C, dk] (written in place); positions, counts
+        """qkv [A, W, 3 * H * dk]; cache_k, cache_v [A, C, H, dk] (written in place); positions, counts
         [A] int32; bias [A, H, W', C] or None; out [A, W, H * dk]."""
-        rows, heads, capacity, dk = cache_k.shape
+        rows, capacity, heads, dk = cache_k.shape
         for array in (qkv, cache_k, cache_v, positions, counts, out, *(() if bias is None else (bias,))):
             _check(array)
-        scores = np.empty(capacity, dtype=np.float32)
+        scores = np.empty(heads * capacity, dtype=np.float32)
         return _bound(self._self, (qkv, cache_k, cache_v, positions, counts, bias, scores, out),
                       _at(qkv), _at(cache_k), _at(cache_v), _at(positions), _at(counts),
                       None if bias is None else _at(bias), 0 if bias is None else bias.shape[2], rows, qkv.shape[1],
@@ -53,11 +53,11 @@ class DecodeAttention:
 
     def cross_attention(self, query: np.ndarray, cross_k: np.ndarray, cross_v: np.ndarray, lengths: np.ndarray,
                         counts: np.ndarray, scale: float, out: np.ndarray):
-        """query, out [A, W, H * dk]; cross_k, cross_v [A, H, S, dk]; lengths, counts [A] int32."""
-        rows, heads, sources, dk = cross_k.shape
+        """query, out [A, W, H * dk]; cross_k, cross_v [A, S, H, dk]; lengths, counts [A] int32."""
+        rows, sources, heads, dk = cross_k.shape
         for array in (query, cross_k, cross_v, lengths, counts, out):
             _check(array)
-        scores = np.empty(max(sources, 1), dtype=np.float32)
+        scores = np.empty(heads * max(sources, 1), dtype=np.float32)
         return _bound(self._cross, (query, cross_k, cross_v, lengths, counts, scores, out),
                       _at(query), _at(cross_k), _at(cross_v), _at(lengths), _at(counts), rows, query.shape[1], heads,
                       dk, sources, scale, _at(scores), _at(out))

@@ -10,7 +10,8 @@
    (BiLD with rollback_threshold 0 must give `large`'s tokens at every batch size).
 
    Layouts (row-major, float32): a step's A rows of W fed positions, H heads of DK, caches of C
-   positions (a layer's block: [A, H, C, DK], one contiguous piece).
+   positions (a layer's block: [A, C, H, DK], one contiguous piece; a row's positions in order, each
+   with its heads side by side: attention streams through a row's keys, then its values, once).
    Rows feed counts[a] <= W positions starting at position positions[a]; positions past a row's count,
    and rows with none, are left zero. */
 
@@ -32,34 +33,44 @@ static float dot(const float *a, const float *b, int n) {
     return partial[0] + tail;
 }
 
-/* out[dk] = softmax(scale * q.k_t + bias_t over t < n) . v_t; scores: room for n floats. */
-static void attend(const float *q, const float *keys, const float *values, int n, int dk, float scale,
-                   const float *bias, float *scores, float *out) {
-    float top = -INFINITY;
-    for (int t = 0; t < n; t++) {
-        float score = scale * dot(q, keys + (int64_t)t * dk, dk);
-        if (bias) score += bias[t];
-        scores[t] = score;
-        if (score > top) top = score;
+/* For one query position of a row, every head at once, over the first n positions of the row's cache
+   [C, H, DK] (a position's keys of every head side by side, so the keys are read in one pass in memory
+   order, and the values in another): per head, out = softmax(scale * q.k_t + bias_t) . v_t.
+   q, out [H * DK]; bias: head h's row at bias + h * bias_stride (NULL: none); scores: room for H * n. */
+static void attend(const float *restrict q, const float *restrict keys, const float *restrict values, int n,
+                   int heads, int dk, float scale, const float *restrict bias, int64_t bias_stride,
+                   float *restrict scores, float *restrict out) {
+    int inner = heads * dk;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < heads; h++) {
+            float score = scale * dot(q + h * dk, keys + (int64_t)t * inner + h * dk, dk);
+            if (bias) score += bias[h * bias_stride + t];
+            scores[h * n + t] = score;
+        }
+    for (int h = 0; h < heads; h++) {
+        float *row = scores + h * n, top = -INFINITY, total = 0.0f;
+        for (int t = 0; t < n; t++)
+            if (row[t] > top) top = row[t];
+        for (int t = 0; t < n; t++) {
+            row[t] = expf(row[t] - top);
+            total += row[t];
+        }
+        float inverse = 1.0f / total;
+        for (int t = 0; t < n; t++) row[t] *= inverse;
     }
-    float total = 0.0f;
-    for (int t = 0; t < n; t++) {
-        scores[t] = expf(scores[t] - top);
-        total += scores[t];
-    }
-    float inverse = 1.0f / total;
-    memset(out, 0, sizeof(float) * dk);
-    for (int t = 0; t < n; t++) {
-        float weight = scores[t] * inverse;
-        const float *value = values + (int64_t)t * dk;
-        for (int d = 0; d < dk; d++) out[d] += weight * value[d];
-    }
+    memset(out, 0, sizeof(float) * inner);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < heads; h++) {
+            float weight = scores[h * n + t], *head_out = out + h * dk;
+            const float *value = values + (int64_t)t * inner + h * dk;
+            for (int d = 0; d < dk; d++) head_out[d] += weight * value[d];
+        }
 }
 
 /* Causal self-attention of the fed positions. qkv [A, W, 3 * H * DK] (q | k | v, heads in order);
-   writes each fed position's key and value into cache_k, cache_v [A, H, C, DK] at its place, then
+   writes each fed position's keys and values into cache_k, cache_v [A, C, H, DK] at its place, then
    each fed position attends to its row's positions up to its own, adding bias [A, H, bias_rows, C]
-   (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room for C floats. */
+   (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room for H * C floats. */
 void self_attention(const float *qkv, float *cache_k, float *cache_v, const int32_t *positions,
                     const int32_t *counts, const float *bias, int bias_rows, int rows, int width, int heads,
                     int dk, int capacity, float scale, float *scores, float *out) {
@@ -67,38 +78,31 @@ void self_attention(const float *qkv, float *cache_k, float *cache_v, const int3
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
     for (int a = 0; a < rows; a++) {
         int position = positions[a], count = counts[a];
+        int64_t block = (int64_t)a * capacity * inner;  /* the row's cache */
         for (int i = 0; i < count; i++) {
             const float *fed = qkv + ((int64_t)a * width + i) * 3 * inner;
-            for (int h = 0; h < heads; h++) {
-                int64_t at = (((int64_t)a * heads + h) * capacity + position + i) * dk;
-                memcpy(cache_k + at, fed + inner + h * dk, sizeof(float) * dk);
-                memcpy(cache_v + at, fed + 2 * inner + h * dk, sizeof(float) * dk);
-            }
+            memcpy(cache_k + block + (int64_t)(position + i) * inner, fed + inner, sizeof(float) * inner);
+            memcpy(cache_v + block + (int64_t)(position + i) * inner, fed + 2 * inner, sizeof(float) * inner);
         }
         for (int i = 0; i < count; i++) {
             const float *query = qkv + ((int64_t)a * width + i) * 3 * inner;
-            for (int h = 0; h < heads; h++) {
-                int64_t block = ((int64_t)a * heads + h) * capacity * dk;
-                const float *row_bias = bias ? bias + (((int64_t)a * heads + h) * bias_rows + i) * capacity : 0;
-                attend(query + h * dk, cache_k + block, cache_v + block, position + i + 1, dk, scale, row_bias,
-                       scores, out + ((int64_t)a * width + i) * inner + h * dk);
-            }
+            const float *row_bias = bias ? bias + ((int64_t)a * heads * bias_rows + i) * capacity : 0;
+            attend(query, cache_k + block, cache_v + block, position + i + 1, heads, dk, scale, row_bias,
+                   (int64_t)bias_rows * capacity, scores, out + ((int64_t)a * width + i) * inner);
         }
     }
 }
 
 /* Attention of the fed positions over each row's first lengths[a] encoder keys and values,
-   cross_k, cross_v [A, H, S, DK]. query, out [A, W, H * DK]; scores: room for S floats. */
+   cross_k, cross_v [A, S, H, DK]. query, out [A, W, H * DK]; scores: room for H * S floats. */
 void cross_attention(const float *query, const float *cross_k, const float *cross_v, const int32_t *lengths,
                      const int32_t *counts, int rows, int width, int heads, int dk, int sources, float scale,
                      float *scores, float *out) {
     int inner = heads * dk;
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
     for (int a = 0; a < rows; a++)
-        for (int i = 0; i < counts[a]; i++)
-            for (int h = 0; h < heads; h++) {
-                int64_t block = ((int64_t)a * heads + h) * sources * dk;
-                int64_t at = ((int64_t)a * width + i) * inner + h * dk;
-                attend(query + at, cross_k + block, cross_v + block, lengths[a], dk, scale, 0, scores, out + at);
-            }
+        for (int i = 0; i < counts[a]; i++) {
+            int64_t block = (int64_t)a * sources * inner, at = ((int64_t)a * width + i) * inner;
+            attend(query + at, cross_k + block, cross_v + block, lengths[a], heads, dk, scale, 0, 0, scores, out + at);
+        }
 }

@@ -10,11 +10,12 @@ in int8 too; the embeddings and the cache bookkeeping stay in torch, with the na
 weights (native.py).
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
-layer: keys and values as [L, slots, H, C, dk] each (a layer's block of one slot, or of a span of
-slots, is one contiguous piece). The step writes the fed positions' keys and values at their places
-in each layer's cache, in place (the same memory is bound as the input and as the updated output),
-and each query attends to its row's positions up to its own; so nothing is copied per step and a
-rollback is only a shorter length, as in the native engine.
+layer: keys and values as [L, slots, H, C, dk] each, or [L, slots, C, H, dk] for our kernel (a
+layer's block of one slot, or of a span of slots, is one contiguous piece either way). The step
+writes the fed positions' keys and values at their places in each layer's cache, in place (the same
+memory is bound as the input and as the updated output), and each query attends to its row's
+positions up to its own; so nothing is copied per step and a rollback is only a shorter length, as
+in the native engine.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ SPAN_AT_MOST = 2
 # 1.02x / 1.00x at 4, 1.06x / 1.06x at 32 (BENCHMARKS.md). Chosen per engine, never per call, like the
 # int8 kernel: `bild` and `speculative` stay `large`'s tokens at each batch size.
 KERNEL_FROM_SLOTS = 4
+# Where a cache [L, slots, ...] keeps its positions: onnxruntime's attention ops read a head's positions
+# as one piece ([.., H, C, dk]); our kernel reads a row's positions in order with every head's keys of a
+# position side by side ([.., C, H, dk]), so it streams through a row's keys, then its values, once
+# (demo pair, int8, `large` at batch 32: the kernel's time 0.80x head-major's, the same tokens;
+# BENCHMARKS.md).
+POSITION_DIM = {"onnxruntime": 3, "kernel": 2}
 
 
 class OnnxEngine(Engine):
@@ -80,12 +87,14 @@ class OnnxEngine(Engine):
         if attention == "kernel" and attention_kernel.kernel() is None:
             raise ValueError("the decode-attention kernel did not build here (see the log)")
         self.attention = attention
+        self.position_dim = POSITION_DIM[attention]
         self.vocab = weights.head.weight.shape[1]  # the logits' width
         w = weights
         self.capacity, self.sources = 0, 0
-        empty = (w.layer_count, slots, w.heads, 0, w.d_kv)
-        self.self_k, self.self_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, C, dk] each
-        self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] each
+        empty = [w.layer_count, slots, w.heads, w.d_kv]
+        empty.insert(self.position_dim, 0)
+        self.self_k, self.self_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, C, dk] or [.., C, H, dk]
+        self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] or [.., S, H, dk]
         self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
         self._calls: dict = {}  # (first slot, end slot, W) -> a _StepCall over that span, while C and S stay
@@ -99,21 +108,27 @@ class OnnxEngine(Engine):
         if positions <= self.capacity:
             return
         capacity = max(positions, 2 * self.capacity)
-        self.self_k = _resized(self.self_k, -2, capacity)
-        self.self_v = _resized(self.self_v, -2, capacity)
+        self.self_k = _resized(self.self_k, self.position_dim, capacity)
+        self.self_v = _resized(self.self_v, self.position_dim, capacity)
         self.capacity, self.table = capacity, self.weights.self_mask(capacity)
         self._one_token_bias = None  # [C - 1, H, 2, C]: _self_bias of one token at each position
         self._calls = {}  # bound to the old caches
 
     def _fit_sources(self) -> None:
-        """Room for the longest source the slots hold, and not more than twice it: cross-attention
-        reads every key position of the buffer (at batch 32 a 128-wide one cost 6x a 32-wide one),
-        so a long record gone leaves no cost behind it. Rounded up to 8 positions."""
+        """Room for the longest source the slots hold, rounded up to 8 positions. onnxruntime's
+        cross-attention reads every key position of the buffer (at batch 32 a 128-wide one cost 6x a
+        32-wide one): not more than twice it, so a long record gone leaves no cost behind it. Our
+        kernel reads only each row's own keys: its buffer grows by doubling and never shrinks (a
+        resize copies every cross cache and unbinds every step)."""
         needed = -(-int(self.source_lengths.max()) // 8) * 8
-        if needed <= self.sources <= 2 * needed:
+        if self.attention == "kernel":
+            if needed <= self.sources:
+                return
+            needed = max(needed, 2 * self.sources)
+        elif needed <= self.sources <= 2 * needed:
             return
-        self.cross_k = _resized(self.cross_k, -2, needed)
-        self.cross_v = _resized(self.cross_v, -2, needed)
+        self.cross_k = _resized(self.cross_k, self.position_dim, needed)
+        self.cross_v = _resized(self.cross_v, self.position_dim, needed)
         self.sources = needed
         self._calls = {}
 
@@ -148,9 +163,16 @@ class OnnxEngine(Engine):
         self.source_lengths[slots] = lengths
         self._fit_sources()
         for row, (slot, length) in enumerate(zip(slots, lengths)):
-            self.cross_k[:, slot, :, :length] = kv[row, :length, :, 0].permute(1, 2, 0, 3)  # [L, H, S_j, dk]
-            self.cross_v[:, slot, :, :length] = kv[row, :length, :, 1].permute(1, 2, 0, 3)
+            where = (slice(None), slot, *self._positions(slice(0, length)))
+            for cache, part in ((self.cross_k, 0), (self.cross_v, 1)):
+                keys = kv[row, :length, :, part].transpose(0, 1)  # [L, S_j, H, dk]
+                cache[where] = keys.transpose(1, 2) if self.position_dim == 3 else keys
         return encoded
+
+    def _positions(self, positions) -> tuple:
+        """The index, past a cache's layer and slot, of ``positions`` (a slice or an index tensor) for
+        every head: (:, positions) where heads come first, (positions,) where positions do."""
+        return (slice(None), positions) if self.position_dim == 3 else (positions,)
 
     def release(self, slot: int) -> None:
         super().release(slot)
@@ -243,13 +265,12 @@ class OnnxEngine(Engine):
             self._frames[key] = SegmentFrame(pieces, logits, layout, rows, width, self.weights.d_model, self.vocab)
         return self._frames[key]
 
-    @staticmethod
-    def _rows(cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
-        """The slots ``read`` of a layer's cache [slots, H, C, dk]: a view of one contiguous block, or a
+    def _rows(self, cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
+        """The slots ``read`` of a layer's cache [slots, ...]: a view of one contiguous block, or a
         gathered copy of its first ``positions`` (None: all)."""
         if isinstance(read, slice):
             return cache[read]
-        return cache[torch.tensor(read), :, :positions]
+        return cache[(torch.tensor(read), *self._positions(slice(0, positions)))]
 
     def _self_bias(self, steps: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` [A, H, W + 1, C']: what each query at ``steps`` [A, W + 1] adds to its score over the
@@ -280,7 +301,8 @@ class OnnxEngine(Engine):
         steps = torch.tensor(feed.positions)[:, None] + torch.arange(feed.width)  # [R, W]
         for layer in range(self.weights.layer_count):
             for name in ("self_k", "self_v"):
-                getattr(self, name)[layer, slots, :, steps] = torch.from_numpy(gathered[name][layer])[rows, :, steps]
+                fed = torch.from_numpy(gathered[name][layer])[(rows, *self._positions(steps))]
+                getattr(self, name)[(layer, slots, *self._positions(steps))] = fed
 
 
 class _StepCall:

@@ -192,7 +192,7 @@ class SegmentedCall:
 
     def __init__(self, frame: SegmentFrame, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray],
                  kernel):
-        """``caches``: each layer's self- and cross-attention keys and values [A, H, C or S, dk];
+        """``caches``: each layer's self- and cross-attention keys and values [A, C or S, H, dk];
         ``inputs``: source_lengths [A] (and T5's self_bias [A, H, W + 1, C]); ``kernel``: attention_kernel's."""
         self.frame, self.caches, self.inputs = frame, caches, inputs  # kept alive: the calls point into them
         self.hidden = torch.from_numpy(frame.arrays["hidden"]).view(-1, frame.arrays["hidden"].shape[-1])  # [A * W, d]
