@@ -47,7 +47,8 @@ def test_self_attention_writes_the_fed_keys_and_attends_causally(kernel):
     positions, counts = np.array([0, 5, 9], dtype=np.int32), np.array([4, 1, 0], dtype=np.int32)  # row 2 idle
     bias = rng.standard_normal((ROWS, HEADS, WIDTH + 1, CAPACITY), dtype=np.float32)
     out = np.full((ROWS, WIDTH, inner), np.nan, dtype=np.float32)
-    kernel.self_attention(qkv, cache_k, cache_v, positions, counts, bias, 0.5, out)()
+    slots = np.arange(ROWS, dtype=np.int32)
+    kernel.self_attention(qkv, cache_k, cache_v, slots, positions, counts, bias, 0.5, out)()
     q, k, v = (torch.from_numpy(qkv[..., part * inner:(part + 1) * inner]).view(ROWS, WIDTH, HEADS, DK)
                for part in range(3))
     for a in range(ROWS):
@@ -73,7 +74,7 @@ def test_cross_attention_reads_each_rows_own_sources(kernel):
     values = rng.standard_normal((ROWS, SOURCES, HEADS, DK), dtype=np.float32)
     lengths, counts = np.array([7, 2, 5], dtype=np.int32), np.array([2, 4, 1], dtype=np.int32)
     out = np.zeros((ROWS, WIDTH, inner), dtype=np.float32)
-    kernel.cross_attention(query, keys, values, lengths, counts, 1.0, out)()
+    kernel.cross_attention(query, keys, values, np.arange(ROWS, dtype=np.int32), lengths, counts, 1.0, out)()
     for a in range(ROWS):
         n = int(lengths[a])
         for i in range(int(counts[a])):
@@ -84,14 +85,47 @@ def test_cross_attention_reads_each_rows_own_sources(kernel):
                                            atol=1e-5, rtol=0)
 
 
+def test_each_row_reads_and_writes_its_own_slot(kernel):
+    """Row a of a step is slot slots[a] of the caches, in any order: a step over slots 3 and 0 of four
+    writes and reads those slots alone and gives each row what a step over that slot alone gives."""
+    rng = np.random.default_rng(2)
+    inner, slots = HEADS * DK, np.array([3, 0], dtype=np.int32)
+    qkv = rng.standard_normal((2, 1, 3 * inner), dtype=np.float32)
+    cache_k = rng.standard_normal((4, CAPACITY, HEADS, DK), dtype=np.float32)
+    cache_v = rng.standard_normal((4, CAPACITY, HEADS, DK), dtype=np.float32)
+    positions, counts = np.array([6, 2], dtype=np.int32), np.ones(2, dtype=np.int32)
+    lengths = np.array([5, 1, 1, 7], dtype=np.int32)  # by slot
+    before_k, before_v = cache_k.copy(), cache_v.copy()
+    together = {kind: np.zeros((2, 1, inner), dtype=np.float32) for kind in ("self", "cross")}
+    kernel.self_attention(qkv, cache_k, cache_v, slots, positions, counts, None, 0.5, together["self"])()
+    kernel.cross_attention(qkv[..., :inner].copy(), before_k, before_v, slots, lengths, counts, 1.0,
+                           together["cross"])()
+    assert np.array_equal(cache_k[[1, 2]], before_k[[1, 2]]) and np.array_equal(cache_v[[1, 2]], before_v[[1, 2]])
+    for row, slot in enumerate(slots):
+        alone_k, alone_v = before_k.copy(), before_v.copy()
+        alone = {kind: np.zeros((1, 1, inner), dtype=np.float32) for kind in ("self", "cross")}
+        kernel.self_attention(qkv[row:row + 1].copy(), alone_k, alone_v, slots[row:row + 1].copy(),
+                              positions[row:row + 1].copy(), counts[:1].copy(), None, 0.5, alone["self"])()
+        kernel.cross_attention(qkv[row:row + 1, :, :inner].copy(), before_k, before_v, slots[row:row + 1].copy(),
+                               lengths, counts[:1].copy(), 1.0, alone["cross"])()
+        assert np.array_equal(cache_k[slot], alone_k[slot]) and np.array_equal(cache_v[slot], alone_v[slot])
+        for kind in ("self", "cross"):
+            assert np.array_equal(together[kind][row], alone[kind][0]), kind
+    # cross-attention read slot 3's seven keys for row 0 (a float64 reference over them)
+    want = reference(torch.from_numpy(qkv[0, 0, :DK]), torch.from_numpy(before_k[3, :7, 0]),
+                     torch.from_numpy(before_v[3, :7, 0]), 1.0)
+    torch.testing.assert_close(torch.from_numpy(together["cross"][0, 0, :DK]).double(), want, atol=1e-5, rtol=0)
+
+
 def test_arrays_it_cannot_read_are_refused(kernel):
     cache = np.zeros((1, CAPACITY, HEADS, DK), dtype=np.float32)
     with pytest.raises(ValueError, match="C-contiguous float32 or int32"):
-        kernel.cross_attention(np.zeros((1, 1, HEADS * DK)), cache, cache, np.ones(1, np.int32), np.ones(1, np.int32),
-                               1.0, np.zeros((1, 1, HEADS * DK), np.float32))  # float64 query
+        kernel.cross_attention(np.zeros((1, 1, HEADS * DK)), cache, cache, np.zeros(1, np.int32), np.ones(1, np.int32),
+                               np.ones(1, np.int32), 1.0, np.zeros((1, 1, HEADS * DK), np.float32))  # float64 query
     with pytest.raises(ValueError, match="C-contiguous"):
         kernel.cross_attention(np.zeros((1, 1, HEADS * DK), np.float32), cache[:, ::2], cache[:, ::2],
-                               np.ones(1, np.int32), np.ones(1, np.int32), 1.0, np.zeros((1, 1, HEADS * DK), np.float32))
+                               np.zeros(1, np.int32), np.ones(1, np.int32), np.ones(1, np.int32), 1.0,
+                               np.zeros((1, 1, HEADS * DK), np.float32))
 
 
 @pytest.mark.parametrize("name", ["t5-v1.1", "bart"])

@@ -25,42 +25,45 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 
 _pointer, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_SELF_ARGS = (_pointer,) * 6 + (_int,) * 6 + (_float, _pointer, _pointer)
-_CROSS_ARGS = (_pointer,) * 5 + (_int,) * 5 + (_float, _pointer, _pointer)
+_SELF_ARGS = (_pointer,) * 7 + (_int,) * 6 + (_float, _pointer, _pointer)
+_CROSS_ARGS = (_pointer,) * 6 + (_int,) * 5 + (_float, _pointer, _pointer)
 
 
 class DecodeAttention:
     """The compiled kernel's two entry points, bound to a step's arrays once: ``self_attention`` and
-    ``cross_attention`` return a call without arguments (a step only refills the arrays)."""
+    ``cross_attention`` return a call without arguments (a step only refills the arrays). Row a of a
+    step reads and writes the caches of slot ``slots[a]`` (each row its own slot)."""
 
     def __init__(self, library: ctypes.CDLL):
         self._self, self._cross = library.self_attention, library.cross_attention
         self._self.argtypes, self._self.restype = _SELF_ARGS, None
         self._cross.argtypes, self._cross.restype = _CROSS_ARGS, None
 
-    def self_attention(self, qkv: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, positions: np.ndarray,
-                       counts: np.ndarray, bias: np.ndarray | None, scale: float, out: np.ndarray):
-        """qkv [A, W, 3 * H * dk]; cache_k, cache_v [A, C, H, dk] (written in place); positions, counts
-        [A] int32; bias [A, H, W', C] or None; out [A, W, H * dk]."""
-        rows, capacity, heads, dk = cache_k.shape
-        for array in (qkv, cache_k, cache_v, positions, counts, out, *(() if bias is None else (bias,))):
+    def self_attention(self, qkv: np.ndarray, cache_k: np.ndarray, cache_v: np.ndarray, slots: np.ndarray,
+                       positions: np.ndarray, counts: np.ndarray, bias: np.ndarray | None, scale: float,
+                       out: np.ndarray):
+        """qkv [A, W, 3 * H * dk]; cache_k, cache_v [slots, C, H, dk] (written in place); slots,
+        positions, counts [A] int32; bias [A, H, W', C] or None; out [A, W, H * dk]."""
+        _, capacity, heads, dk = cache_k.shape
+        for array in (qkv, cache_k, cache_v, slots, positions, counts, out, *(() if bias is None else (bias,))):
             _check(array)
         scores = np.empty(heads * capacity, dtype=np.float32)
-        return _bound(self._self, (qkv, cache_k, cache_v, positions, counts, bias, scores, out),
-                      _at(qkv), _at(cache_k), _at(cache_v), _at(positions), _at(counts),
-                      None if bias is None else _at(bias), 0 if bias is None else bias.shape[2], rows, qkv.shape[1],
-                      heads, dk, capacity, scale, _at(scores), _at(out))
+        return _bound(self._self, (qkv, cache_k, cache_v, slots, positions, counts, bias, scores, out),
+                      _at(qkv), _at(cache_k), _at(cache_v), _at(slots), _at(positions), _at(counts),
+                      None if bias is None else _at(bias), 0 if bias is None else bias.shape[2], len(slots),
+                      qkv.shape[1], heads, dk, capacity, scale, _at(scores), _at(out))
 
-    def cross_attention(self, query: np.ndarray, cross_k: np.ndarray, cross_v: np.ndarray, lengths: np.ndarray,
-                        counts: np.ndarray, scale: float, out: np.ndarray):
-        """query, out [A, W, H * dk]; cross_k, cross_v [A, S, H, dk]; lengths, counts [A] int32."""
-        rows, sources, heads, dk = cross_k.shape
-        for array in (query, cross_k, cross_v, lengths, counts, out):
+    def cross_attention(self, query: np.ndarray, cross_k: np.ndarray, cross_v: np.ndarray, slots: np.ndarray,
+                        lengths: np.ndarray, counts: np.ndarray, scale: float, out: np.ndarray):
+        """query, out [A, W, H * dk]; cross_k, cross_v [slots, S, H, dk]; slots, counts [A] int32;
+        lengths [slots] int32 (each slot's source length)."""
+        _, sources, heads, dk = cross_k.shape
+        for array in (query, cross_k, cross_v, slots, lengths, counts, out):
             _check(array)
         scores = np.empty(heads * max(sources, 1), dtype=np.float32)
-        return _bound(self._cross, (query, cross_k, cross_v, lengths, counts, scores, out),
-                      _at(query), _at(cross_k), _at(cross_v), _at(lengths), _at(counts), rows, query.shape[1], heads,
-                      dk, sources, scale, _at(scores), _at(out))
+        return _bound(self._cross, (query, cross_k, cross_v, slots, lengths, counts, scores, out),
+                      _at(query), _at(cross_k), _at(cross_v), _at(slots), _at(lengths), _at(counts), len(slots),
+                      query.shape[1], heads, dk, sources, scale, _at(scores), _at(out))
 
 
 def _bound(function, arrays: tuple, *arguments):

@@ -9,9 +9,10 @@
    and positions of the call are, so a row's result does not depend on its neighbours, bit for bit
    (BiLD with rollback_threshold 0 must give `large`'s tokens at every batch size).
 
-   Layouts (row-major, float32): a step's A rows of W fed positions, H heads of DK, caches of C
-   positions (a layer's block: [A, C, H, DK], one contiguous piece; a row's positions in order, each
-   with its heads side by side: attention streams through a row's keys, then its values, once).
+   Layouts (row-major, float32): a step's A rows of W fed positions, H heads of DK; a layer's caches
+   [slots, C, H, DK] of C positions (a slot's positions in order, each with its heads side by side:
+   attention streams through a row's keys, then its values, once). Row a of a step is the engine's
+   slot slots[a], read and written in place (no copy of a cache whatever slots a step runs over).
    Rows feed counts[a] <= W positions starting at position positions[a]; positions past a row's count,
    and rows with none, are left zero. */
 
@@ -68,17 +69,18 @@ static void attend(const float *restrict q, const float *restrict keys, const fl
 }
 
 /* Causal self-attention of the fed positions. qkv [A, W, 3 * H * DK] (q | k | v, heads in order);
-   writes each fed position's keys and values into cache_k, cache_v [A, C, H, DK] at its place, then
-   each fed position attends to its row's positions up to its own, adding bias [A, H, bias_rows, C]
-   (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room for H * C floats. */
-void self_attention(const float *qkv, float *cache_k, float *cache_v, const int32_t *positions,
+   writes each fed position's keys and values into cache_k, cache_v [slots, C, H, DK] at its place in
+   its row's slot, then each fed position attends to its row's positions up to its own, adding bias
+   [A, H, bias_rows, C] (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room for
+   H * C floats. */
+void self_attention(const float *qkv, float *cache_k, float *cache_v, const int32_t *slots, const int32_t *positions,
                     const int32_t *counts, const float *bias, int bias_rows, int rows, int width, int heads,
                     int dk, int capacity, float scale, float *scores, float *out) {
     int inner = heads * dk;
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
     for (int a = 0; a < rows; a++) {
         int position = positions[a], count = counts[a];
-        int64_t block = (int64_t)a * capacity * inner;  /* the row's cache */
+        int64_t block = (int64_t)slots[a] * capacity * inner;  /* the row's cache */
         for (int i = 0; i < count; i++) {
             const float *fed = qkv + ((int64_t)a * width + i) * 3 * inner;
             memcpy(cache_k + block + (int64_t)(position + i) * inner, fed + inner, sizeof(float) * inner);
@@ -93,16 +95,19 @@ void self_attention(const float *qkv, float *cache_k, float *cache_v, const int3
     }
 }
 
-/* Attention of the fed positions over each row's first lengths[a] encoder keys and values,
-   cross_k, cross_v [A, S, H, DK]. query, out [A, W, H * DK]; scores: room for H * S floats. */
-void cross_attention(const float *query, const float *cross_k, const float *cross_v, const int32_t *lengths,
-                     const int32_t *counts, int rows, int width, int heads, int dk, int sources, float scale,
-                     float *scores, float *out) {
+/* Attention of the fed positions over the first lengths[slot] encoder keys and values of each row's
+   slot, cross_k, cross_v [slots, S, H, DK]. query, out [A, W, H * DK]; scores: room for H * S floats. */
+void cross_attention(const float *query, const float *cross_k, const float *cross_v, const int32_t *slots,
+                     const int32_t *lengths, const int32_t *counts, int rows, int width, int heads, int dk,
+                     int sources, float scale, float *scores, float *out) {
     int inner = heads * dk;
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
-    for (int a = 0; a < rows; a++)
+    for (int a = 0; a < rows; a++) {
+        int64_t block = (int64_t)slots[a] * sources * inner;
         for (int i = 0; i < counts[a]; i++) {
-            int64_t block = (int64_t)a * sources * inner, at = ((int64_t)a * width + i) * inner;
-            attend(query + at, cross_k + block, cross_v + block, lengths[a], heads, dk, scale, 0, 0, scores, out + at);
+            int64_t at = ((int64_t)a * width + i) * inner;
+            attend(query + at, cross_k + block, cross_v + block, lengths[slots[a]], heads, dk, scale, 0, 0, scores,
+                   out + at);
         }
+    }
 }

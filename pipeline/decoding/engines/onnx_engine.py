@@ -40,10 +40,11 @@ KEPT_CALLS = 64
 # engine, never per call, so that every call of a run computes a row alike: bild and speculative stay
 # `large`'s tokens at each batch size.
 ROWS_KERNEL_FROM_SLOTS = 16
-# A step runs over the span of slots its rows occupy (idle ones along, unread) while the span is at most
-# this many times the rows fed; wider, it gathers the rows' caches into copies (``_call``). Measured, `bild`
-# at batch 32, order alternating per round: 1 (gather unless contiguous) 0.98x of 2, 3 0.97x, never
-# gathering 0.80x.
+# A step with onnxruntime's attention runs over the span of slots its rows occupy (idle ones along, unread)
+# while the span is at most this many times the rows fed; wider, it gathers the rows' caches into copies
+# (``_call``). Measured, `bild` at batch 32, order alternating per round: 1 (gather unless contiguous)
+# 0.98x of 2, 3 0.97x, never gathering 0.80x. Our kernel reads each row's own slot: its steps run over
+# the rows fed, no more, and copy nothing.
 SPAN_AT_MOST = 2
 # Our attention kernel (attention_kernel.py: decode_attention.c between onnxruntime segments) instead of
 # onnxruntime's attention ops from this many slots on. Demo pair, int8, tokens/s of the kernel over
@@ -97,7 +98,8 @@ class OnnxEngine(Engine):
         self.cross_k, self.cross_v = torch.zeros(empty), torch.zeros(empty)  # [L, slots, H, S, dk] or [.., S, H, dk]
         self.source_lengths = np.ones(slots, dtype=np.int32)  # an empty slot attends to one (zero) key: no NaN
         self.table = None  # [Hb, C, C] (native.NativeWeights.self_mask)
-        self._calls: dict = {}  # (first slot, end slot, W) -> a _StepCall over that span, while C and S stay
+        self._calls: dict = {}  # (first slot, end slot, W) -> a _StepCall over that span, or (A, W) -> a
+        # SegmentedCall (our kernel); while C and S stay
         self._frames: dict = {}  # (A, W) -> a SegmentFrame (``attention`` "kernel")
         self._reserve(64)
 
@@ -195,7 +197,7 @@ class OnnxEngine(Engine):
                 tokens[a], counts[a] = feed.tokens[r], feed.counts[r]
         steps = torch.from_numpy(np.add.outer(positions, np.arange(width + 1)))  # [A, W + 1]
         self.weights.embed(tokens, steps[:, :width], out=call.hidden)
-        call.set_rows(positions, counts)
+        call.set_rows(feed.slots, positions, counts)
         call.reading(sum(feed.reads))[:] = [where[r] * width + i for r, (count, read_)
                                             in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
         if self.weights.position_bias:
@@ -203,7 +205,7 @@ class OnnxEngine(Engine):
         started = time.perf_counter()
         logits = call.run()
         self.kernel_seconds += time.perf_counter() - started  # the rest of forward_seconds: this method's Python
-        if not isinstance(read, slice):
+        if isinstance(read, list) and self.attention != "kernel":  # gathered copies
             self._write_back(feed, call.caches)
         return place_logits(logits, self._placement(feed), feed)
 
@@ -215,21 +217,28 @@ class OnnxEngine(Engine):
         return [self.lengths[slot] for slot in read]
 
     def _rows_read(self, feed: Feed) -> tuple[slice | list[int], list[int], int]:
-        """The slots the step runs over, where each fed row sits among them, and how many there are:
-        the span of slots the rows occupy (idle ones run along, unread) when it is not much wider
-        than they are, else the rows' own slots, gathered."""
+        """The slots the step runs over, where each fed row sits among them, and how many there are.
+        Our kernel reads and writes each row's own slot in place: the rows' slots. onnxruntime's step
+        reads the caches bound to it: the span of slots the rows occupy (idle ones run along, unread)
+        when it is not much wider than they are, else the rows' own slots, gathered."""
+        if self.attention == "kernel":
+            return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
         first, last = min(feed.slots), max(feed.slots)
         if last - first + 1 <= SPAN_AT_MOST * len(feed.slots):
             return slice(first, last + 1), [slot - first for slot in feed.slots], last - first + 1
         return list(feed.slots), list(range(len(feed.slots))), len(feed.slots)
 
-    def _call(self, read: slice | list[int], attended: int, width: int, reach: int) -> "_StepCall":
-        """The step bound for these slots and W fed positions, that write up to position ``reach``. For
-        a span of slots the caches are bound as views of the engine's tensors and the call is kept
-        while they keep their storage (so a step binds nothing, or only what it reads); other slots
-        are gathered into copies of their self-attention caches up to ``reach`` (rounded up to 16,
-        not the whole capacity: at batch 32 copying whole caches was a fifth of `bild`'s time),
-        written back after the step (``_write_back``)."""
+    def _call(self, read: slice | list[int], attended: int, width: int, reach: int) -> "_StepCall | SegmentedCall":
+        """The step bound for these slots and W fed positions, that write up to position ``reach``.
+        Our kernel's step is bound to the engine's whole caches, which it reads by slot (``set_rows``):
+        one per A rows and W positions, kept while the caches keep their storage. onnxruntime's: for a
+        span of slots the caches are bound as views of the engine's tensors and the call is kept
+        likewise (so a step binds nothing, or only what it reads); other slots are gathered into copies
+        of their self-attention caches up to ``reach`` (rounded up to 16, not the whole capacity: at
+        batch 32 copying whole caches was a fifth of `bild`'s time), written back after the step
+        (``_write_back``)."""
+        if self.attention == "kernel":
+            return self._kernel_call(attended, width)
         key = (read.start, read.stop, width) if isinstance(read, slice) else None
         if key in self._calls:
             return self._calls[key]
@@ -240,23 +249,35 @@ class OnnxEngine(Engine):
         inputs = {"source_lengths": self.source_lengths[read]}  # a view for a span: admission writes it in place
         if w.position_bias:
             inputs["self_bias"] = np.zeros((attended, w.heads, width + 1, held), dtype=np.float32)
-        if self.attention == "kernel":
-            call = SegmentedCall(self._frame(attended, width), caches, inputs, attention_kernel.kernel())
-        else:
-            inputs.update({"hidden": np.zeros((attended, width, w.d_model), dtype=np.float32),
-                           "query_seqlens": np.zeros(attended, dtype=np.int32),
-                           "seqlens_k": np.zeros(attended, dtype=np.int32),
-                           "total_sequence_length": np.array(held, dtype=np.int32)})
-            call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
+        inputs.update({"hidden": np.zeros((attended, width, w.d_model), dtype=np.float32),
+                       "query_seqlens": np.zeros(attended, dtype=np.int32),
+                       "seqlens_k": np.zeros(attended, dtype=np.int32),
+                       "total_sequence_length": np.array(held, dtype=np.int32)})
+        call = _StepCall(self.sessions.step(self.int8_kernel), caches, inputs, self.vocab)
         if key is not None:
-            if len(self._calls) >= KEPT_CALLS:
-                self._calls.pop(next(iter(self._calls)))  # the oldest
-            self._calls[key] = call
+            self._keep(key, call)
         return call
+
+    def _kernel_call(self, rows: int, width: int) -> SegmentedCall:
+        """Our kernel's step for ``rows`` rows of ``width`` positions, over the engine's caches."""
+        key = (rows, width)
+        if key not in self._calls:
+            caches = {name: [cache.numpy() for cache in getattr(self, name)]
+                      for name in ("self_k", "self_v", "cross_k", "cross_v")}  # [slots, C or S, H, dk] per layer
+            inputs = {"source_lengths": self.source_lengths}  # by slot; admission writes it in place
+            if self.weights.position_bias:
+                inputs["self_bias"] = np.zeros((rows, self.weights.heads, width + 1, self.capacity), dtype=np.float32)
+            self._keep(key, SegmentedCall(self._frame(rows, width), caches, inputs, attention_kernel.kernel()))
+        return self._calls[key]
+
+    def _keep(self, key: tuple, call) -> None:
+        if len(self._calls) >= KEPT_CALLS:
+            self._calls.pop(next(iter(self._calls)))  # the oldest
+        self._calls[key] = call
 
     def _frame(self, rows: int, width: int) -> SegmentFrame:
         """The onnxruntime side of a kernel-mode step of this shape (kept: it does not depend on the
-        caches, so a gathered step binds only its kernel calls anew)."""
+        caches: once they grow, a step binds only its kernel calls anew)."""
         key = (rows, width)
         if key not in self._frames:
             if len(self._frames) >= KEPT_CALLS:
@@ -332,8 +353,8 @@ class _StepCall:
         self.reads = ReadLogits(self.binding, "logits", vocab)
         self.reading = self.reads.reading
 
-    def set_rows(self, positions: list[int], counts: list[int]) -> None:
-        """A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
+    def set_rows(self, slots: list[int], positions: list[int], counts: list[int]) -> None:
+        """(``slots``: unused, the call is bound to its rows' caches.) A fed row attends with its count + 1 queries (the extra one past its last: onnx_graph) up to
         its length + count; an idle one with none, its keys as they are."""
         query, keys = self.inputs["query_seqlens"], self.inputs["seqlens_k"]
         for a, (position, count) in enumerate(zip(positions, counts)):

@@ -166,7 +166,7 @@ class SegmentFrame:
         memory = [np.zeros((rows, width, size), dtype=np.float32) for size in widths]
         self.arrays = {name: memory[index] for name, index in where.items()}
         self.arrays["hidden"] = np.zeros((rows, width, d_model), dtype=np.float32)
-        self.positions, self.counts = np.zeros(rows, dtype=np.int32), np.zeros(rows, dtype=np.int32)
+        self.slots, self.positions, self.counts = (np.zeros(rows, dtype=np.int32) for _ in range(3))
         self.runs, self.reads = [], None  # per piece: a segment's run, or None; the last segment's ReadLogits
         for piece in pieces:
             if isinstance(piece, Attention):
@@ -187,13 +187,14 @@ class SegmentFrame:
 
 class SegmentedCall:
     """A step over given caches: a frame's segment runs with a kernel call per attention in between.
-    A step fills ``hidden``, the rows (``set_rows``), T5's ``self_bias`` and the read positions, then
-    ``run``s the pieces in order."""
+    A step fills ``hidden``, the rows (``set_rows``: each row's slot among the caches, its position and
+    count), T5's ``self_bias`` and the read positions, then ``run``s the pieces in order."""
 
     def __init__(self, frame: SegmentFrame, caches: dict[str, list[np.ndarray]], inputs: dict[str, np.ndarray],
                  kernel):
-        """``caches``: each layer's self- and cross-attention keys and values [A, C or S, H, dk];
-        ``inputs``: source_lengths [A] (and T5's self_bias [A, H, W + 1, C]); ``kernel``: attention_kernel's."""
+        """``caches``: each layer's self- and cross-attention keys and values [slots, C or S, H, dk];
+        ``inputs``: source_lengths [slots] (and T5's self_bias [A, H, W + 1, C]); ``kernel``:
+        attention_kernel's."""
         self.frame, self.caches, self.inputs = frame, caches, inputs  # kept alive: the calls point into them
         self.hidden = torch.from_numpy(frame.arrays["hidden"]).view(-1, frame.arrays["hidden"].shape[-1])  # [A * W, d]
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
@@ -204,14 +205,15 @@ class SegmentedCall:
         frame, layer = self.frame, piece.layer
         query, out = frame.arrays[piece.input], frame.arrays[piece.output]
         if piece.kind == "self":
-            return kernel.self_attention(query, self.caches["self_k"][layer], self.caches["self_v"][layer],
+            return kernel.self_attention(query, self.caches["self_k"][layer], self.caches["self_v"][layer], frame.slots,
                                          frame.positions, frame.counts, self.inputs.get("self_bias"), piece.scale, out)
-        return kernel.cross_attention(query, self.caches["cross_k"][layer], self.caches["cross_v"][layer],
+        return kernel.cross_attention(query, self.caches["cross_k"][layer], self.caches["cross_v"][layer], frame.slots,
                                       self.inputs["source_lengths"], frame.counts, piece.scale, out)
 
-    def set_rows(self, positions: list[int], counts: list[int]) -> None:
-        """Each row's first fed position and how many it feeds (0: an idle row, left as it is)."""
-        self.frame.positions[:], self.frame.counts[:] = positions, counts
+    def set_rows(self, slots: list[int], positions: list[int], counts: list[int]) -> None:
+        """Each row's slot, its first fed position and how many it feeds."""
+        frame = self.frame
+        frame.slots[:], frame.positions[:], frame.counts[:] = slots, positions, counts
 
     def run(self) -> torch.Tensor:
         """The step's logits [n, V], a copy: the next call writes into the same array."""
