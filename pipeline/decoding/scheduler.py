@@ -40,7 +40,7 @@ from pipeline.decoding.policies import (
     greedy_match_verify,
     speculative_verify,
 )
-from pipeline.decoding.sampling import RowSampler, choose, to_probs
+from pipeline.decoding.sampling import RowSampler, choose, greedy, to_probs
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
 
@@ -203,7 +203,7 @@ class Scheduler:
         engine = self.large if self.config.method == "large" else self.small
         writer = self.config.method
         logits = engine.forward(self._feed(engine, active, [1] * len(active)))[:, 0]  # [R, V]
-        tokens = self._choose(self._probs(logits), active) if self.config.do_sample else logits.argmax(dim=-1)
+        tokens = self._choose(self._probs(logits), active) if self.config.do_sample else greedy(logits)
         finished = []
         for row, token in zip(active, tokens.tolist()):
             self.sequence[row.slot, row.length] = token
@@ -339,7 +339,7 @@ class Scheduler:
         config = self.config
         drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
         if config.method == "speculative" and not config.do_sample:
-            return greedy_match_verify(drafts, num_drafts, logits.argmax(dim=-1))
+            return greedy_match_verify(drafts, num_drafts, greedy(logits))
         large_probs = self._probs(logits)  # [R, K+1, V] (tempered when sampling)
         sampler = RowSampler([row.sampler.generators[0] for row in rows]) if config.do_sample else None
         if config.method == "cascade":  # deferral decisions from untempered q and p (policies.cascade_verify)
@@ -373,7 +373,7 @@ class Scheduler:
     def _choose(self, probs: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """Each row's own choice: argmax, or a sample from the row's own random stream. [R, V] -> [R]"""
         if not self.config.do_sample:
-            return probs.argmax(dim=-1)
+            return greedy(probs)
         if not rows:
             return probs.new_zeros((0,), dtype=torch.long)
         return choose(probs, True, RowSampler([row.sampler.generators[0] for row in rows]))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Scheduler, bild_verify, fallback, greedy_match_verify
+from pipeline.decoding.sampling import greedy
 from support.scripted import EOS, VOCAB, ScriptedEngine, peaked
 
 START = 0
@@ -193,3 +194,15 @@ def test_speculative_verify_with_no_drafts_samples_the_large_model():
                                  torch.zeros((1, 0, VOCAB), dtype=torch.float64), target, RowSampler.seeded([0]))
     assert verdict.accepted.tolist() == [0] and verdict.rejected.tolist() == [False]
     assert verdict.next_token.tolist() == [5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_greedy_is_torchs_argmax_first_of_ties_included(dtype):
+    """greedy (numpy's argmax on the CPU) picks what torch's argmax picks: the first of tied scores,
+    a NaN where there is one, over the last axis of any shape, views included."""
+    scores = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(0)).to(dtype)
+    scores[0, 0, [7, 30]] = 9.0  # a tie: the first wins
+    scores[1, 2, 11] = float("nan")
+    for view in (scores, scores[:, 1], scores.transpose(0, 1), scores[..., ::2]):
+        assert torch.equal(greedy(view), view.argmax(dim=-1))
+    assert greedy(scores)[0, 0] == 7 and greedy(scores)[1, 2] == 11
