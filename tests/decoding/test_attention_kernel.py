@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.decoding.engine import Feed
 from pipeline.decoding.engines import attention_kernel, onnx_engine
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_segments import Attention
@@ -176,3 +177,12 @@ def test_engines_of_enough_slots_run_the_kernel(kernel):
     assert OnnxEngine(weights, sessions, slots - 1).attention == "onnxruntime"
     with pytest.raises(ValueError, match="attention 'fused': one of onnxruntime, kernel"):
         OnnxEngine(weights, sessions, 1, attention="fused")
+
+
+def test_a_step_over_a_slot_outside_the_caches_is_refused(kernel):
+    """The kernel writes where a row's slot says, unchecked: the engine refuses a slot it does not hold
+    (a negative one passes Engine.forward's length check) before the kernel runs."""
+    weights = native_weights(build("bart"))
+    engine = OnnxEngine(weights, OnnxSessions(weights), onnx_engine.KERNEL_FROM_SLOTS, attention="kernel")
+    with pytest.raises(ValueError, match="distinct slots among 4"):
+        engine.forward(Feed([-1], torch.tensor([[5]]), [0], [1], [1]))
