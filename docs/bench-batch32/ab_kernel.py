@@ -3,36 +3,19 @@ the first 200 test_2016_flickr sentences, order alternating, the kernel calls ti
 
     .venv/bin/python docs/bench-batch32/ab_kernel.py A.c B.c
 """
-import ctypes, subprocess, sys, tempfile, time, statistics, torch
-torch.set_num_threads(1)
-from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding.config import ModelSpec
+import ctypes, subprocess, sys, tempfile, time, statistics
+from kernel_timing import demo_requests, time_kernel_calls
 from pipeline.decoding.engines import attention_kernel
-from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
-from pipeline.decoding.engines import onnx_segments
-spent = [0.0]
-_init = onnx_segments.SegmentedCall.__init__
-def _traced(self, frame, caches, inputs, kernel):
-    _init(self, frame, caches, inputs, kernel)
-    def timed(call):
-        def run():
-            t = time.perf_counter(); call(); spent[0] += time.perf_counter() - t
-        return run
-    self.plan = [timed(c) if isinstance(p, onnx_segments.Attention) else c for p, c in zip(frame.pieces, self.plan)]
-onnx_segments.SegmentedCall.__init__ = _traced
+from pipeline.decoding.scheduler import BatchPolicy, scheduler_for
+spent = time_kernel_calls()
 variants = sys.argv[1:]
 kernels = {}
 for path in variants:
     lib = tempfile.mktemp(suffix=".so")
     subprocess.run(["cc", *attention_kernel.FLAGS, "-o", lib, path, "-lm"], check=True)
     kernels[path] = attention_kernel.DecodeAttention(ctypes.CDLL(lib))
-pair = ModelPair.from_spec(ModelSpec("models/demo-de-en/small-aligned", "models/demo-de-en/large", None, "float32", "cpu", False, "onnx", "int8"))
-config = DecodingConfig(method="large", max_new_tokens=64)
-texts = [l.strip() for l in open("../shared/data/multi30k/test_2016_flickr.de")][:200]
-g = Generator(pair, config)
-reqs = [BatchRequest(g.encode(t)[0][0]) for t in texts]
+pair, config, reqs = demo_requests("large")
 eng = pair.engine("large", 32)
-kern = attention_kernel.kernel
 times = {v: [] for v in variants}; outs = {}; kt = {v: [] for v in variants}
 rounds = 6
 for r in range(rounds + 1):

@@ -165,16 +165,13 @@ class OnnxEngine(Engine):
         self.source_lengths[slots] = lengths
         self._fit_sources()
         for row, (slot, length) in enumerate(zip(slots, lengths)):
-            where = (slice(None), slot, *self._positions(slice(0, length)))
             for cache, part in ((self.cross_k, 0), (self.cross_v, 1)):
                 keys = kv[row, :length, :, part].transpose(0, 1)  # [L, S_j, H, dk]
-                cache[where] = keys.transpose(1, 2) if self.position_dim == 3 else keys
+                if self.position_dim == 3:  # [L, H, S_j, dk]
+                    cache[:, slot, :, :length] = keys.transpose(1, 2)
+                else:
+                    cache[:, slot, :length] = keys
         return encoded
-
-    def _positions(self, positions) -> tuple:
-        """The index, past a cache's layer and slot, of ``positions`` (a slice or an index tensor) for
-        every head: (:, positions) where heads come first, (positions,) where positions do."""
-        return (slice(None), positions) if self.position_dim == 3 else (positions,)
 
     def release(self, slot: int) -> None:
         super().release(slot)
@@ -286,12 +283,13 @@ class OnnxEngine(Engine):
             self._frames[key] = SegmentFrame(pieces, logits, layout, rows, width, self.weights.d_model, self.vocab)
         return self._frames[key]
 
-    def _rows(self, cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
-        """The slots ``read`` of a layer's cache [slots, ...]: a view of one contiguous block, or a
-        gathered copy of its first ``positions`` (None: all)."""
+    @staticmethod
+    def _rows(cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
+        """The slots ``read`` of a layer's cache [slots, H, C, dk] (onnxruntime's step): a view of one
+        contiguous block, or a gathered copy of its first ``positions`` (None: all)."""
         if isinstance(read, slice):
             return cache[read]
-        return cache[(torch.tensor(read), *self._positions(slice(0, positions)))]
+        return cache[torch.tensor(read), :, :positions]
 
     def _self_bias(self, steps: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` [A, H, W + 1, C']: what each query at ``steps`` [A, W + 1] adds to its score over the
@@ -316,14 +314,13 @@ class OnnxEngine(Engine):
 
     def _write_back(self, feed: Feed, gathered: dict) -> None:
         """The fed positions' keys and values from the gathered copies (rows in ``feed``'s order) into
-        the engine's cache."""
+        the engine's cache (onnxruntime's step: our kernel writes in place)."""
         rows = torch.arange(len(feed.slots))[:, None]  # [R, 1]
         slots = torch.tensor(feed.slots)[:, None]
         steps = torch.tensor(feed.positions)[:, None] + torch.arange(feed.width)  # [R, W]
         for layer in range(self.weights.layer_count):
             for name in ("self_k", "self_v"):
-                fed = torch.from_numpy(gathered[name][layer])[(rows, *self._positions(steps))]
-                getattr(self, name)[(layer, slots, *self._positions(steps))] = fed
+                getattr(self, name)[layer, slots, :, steps] = torch.from_numpy(gathered[name][layer])[rows, :, steps]
 
 
 class _StepCall:
