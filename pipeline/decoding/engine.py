@@ -87,6 +87,41 @@ class CallCost:
         return intercept / slope
 
 
+# Newcomers are encoded in groups of similar length, each padded to its longest source with at most
+# this share of its positions padding: an encoder's work is rows x the longest source, and 32 flickr
+# sentences under T5's tokenizer (35 to 159 tokens) padded to one batch were 2.3x their tokens.
+ADMISSION_PADDING = 0.125
+
+
+def length_groups(lengths: Sequence[int], padding: float = ADMISSION_PADDING) -> list[list[int]]:
+    """The indices of ``lengths`` in groups, longest first: a group padded to its first (longest)
+    length has at most ``padding`` of its positions padding. A group is one encoder call, so the
+    calls stay few where lengths are alike."""
+    groups: list[list[int]] = []
+    tokens = 0  # in the last group
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] * (1 - padding) <= tokens + lengths[index]
+        if fits:
+            groups[-1].append(index)
+            tokens += lengths[index]
+        else:
+            groups.append([index])
+            tokens = lengths[index]
+    return groups
+
+
+def _in_input_order(parts: list[tuple[list[int], torch.Tensor | None]], rows: int) -> torch.Tensor | None:
+    """The groups' encoder states as one batch [rows, S, d] in the order the rows came, each padded
+    with zeros to the longest (None for decoder-only models)."""
+    first = parts[0][1] if parts else None
+    if first is None:
+        return None
+    merged = first.new_zeros((rows, first.shape[1], first.shape[2]))  # the first group holds the longest
+    for group, states in parts:
+        merged[torch.tensor(group, device=first.device), : states.shape[1]] = states
+    return merged
+
+
 class Engine(ABC):
     """One model's decoder over ``slots`` rows, each with its own cached length.
 
@@ -112,14 +147,19 @@ class Engine(ABC):
 
     def admit(self, slots: Sequence[int], input_ids: Sequence[torch.Tensor], encoded: torch.Tensor | None = None):
         """New rows take ``slots``. Encoder-decoder engines run the encoder on ``input_ids`` (one [S]
-        tensor per row) once, batched, and return its states; ``encoded`` passes the states of an
-        identical encoder instead (a small model that shares the large model's encoder)."""
+        tensor per row), batched in groups of similar length (``length_groups``), and return its
+        states [rows, S, d]; ``encoded`` passes the states of an identical encoder instead (a small
+        model that shares the large model's encoder)."""
         for slot in slots:
             self.lengths[slot] = 0
         started = time.perf_counter()
-        encoded = self._admit(list(slots), list(input_ids), encoded)
+        lengths = [len(ids) for ids in input_ids]
+        parts = []  # (group, its encoder states [G, S_g, d] or None)
+        for group in length_groups(lengths, ADMISSION_PADDING):
+            given = None if encoded is None else encoded[group, : lengths[group[0]]]
+            parts.append((group, self._admit([slots[i] for i in group], [input_ids[i] for i in group], given)))
         self.admit_seconds += time.perf_counter() - started
-        return encoded
+        return _in_input_order(parts, len(slots))
 
     def forward(self, feed: Feed) -> torch.Tensor:
         """Logits [R, max(reads), V]; row r's fill [r, :reads[r]]. Writes the fed keys/values in place."""

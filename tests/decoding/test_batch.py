@@ -9,9 +9,11 @@ batched speculative sampling keeps the large model's distribution (with negative
 from __future__ import annotations
 
 import pytest
+import torch
 
 import pipeline.decoding.scheduler as scheduler_module
 from pipeline.decoding import DecodingConfig, Generator
+from pipeline.decoding.engine import length_groups
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, _Row, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
 from support.pairs import TEXTS, tiny_pair
@@ -142,6 +144,44 @@ def test_verification_is_split_where_padding_costs_more_than_a_call(overhead, ex
         del decoder.large.call_cost.overhead_in_positions
     assert [sorted(row.length for row in group) for group in groups] == expected
     assert sorted(row.slot for group in groups for row in group) == list(range(len(rows)))
+
+
+@pytest.mark.parametrize("lengths, padding, expected", [
+    ([5, 40, 38, 6, 39], 0.125, [[1, 4, 2], [3, 0]]),  # alike lengths share a call, longest first
+    ([5, 40, 38, 6, 39], 1.0, [[1, 4, 2, 3, 0]]),  # any padding allowed: one call
+    ([5, 40, 38, 6, 39], 0.0, [[1], [4], [2], [3], [0]]),  # none allowed: each length alone
+    ([7, 7, 7], 0.0, [[0, 1, 2]]),  # equal lengths pad nothing
+    ([], 0.125, []),
+])
+def test_newcomers_are_encoded_in_groups_of_similar_length(lengths, padding, expected):
+    groups = length_groups(lengths, padding)
+    assert groups == expected
+    for group in groups:
+        cells = len(group) * lengths[group[0]]
+        assert max(lengths[i] for i in group) == lengths[group[0]]
+        assert cells - sum(lengths[i] for i in group) <= padding * cells
+
+
+def test_an_engine_admits_newcomers_in_length_groups_and_returns_their_states_in_order():
+    """One encoder call per length group; the states come back in the rows' order, each row as its
+    group computed it, zeros past its group's padding."""
+    pair = tiny_pair("t5", "noisy", 0)
+    engine = pair.engine("large", 4)
+    calls = []
+    admit = engine._admit  # (the pair's engines are cached: restored below)
+    engine._admit = lambda slots, ids, encoded: calls.append(slots) or admit(slots, ids, encoded)
+    sources = [torch.arange(2, 2 + n) for n in (5, 40, 6, 39)]
+    try:
+        states = engine.admit([3, 0, 1, 2], sources)
+    finally:
+        del engine._admit
+    assert calls == [[0, 2], [1, 3]]  # (slots of the 40- and 39-long rows, then of the 6- and 5-long)
+    alone = pair.engine("large", 1)
+    for row, source in enumerate(sources):
+        own = alone.admit([0], [source])[0]
+        assert torch.allclose(states[row, : len(source)], own, atol=1e-5)
+        group_width = 6 if len(source) < 10 else 40
+        assert not states[row, group_width:].any()
 
 
 BATCHED_SAMPLES = 4000
