@@ -89,7 +89,7 @@ class CallCost:
 
 # Newcomers are encoded in groups of similar length, each padded to its longest source with at most
 # this share of its positions padding: an encoder's work is rows x the longest source, and 32 flickr
-# sentences under T5's tokenizer (35 to 159 tokens) padded to one batch were 2.3x their tokens.
+# sentences under T5's tokenizer (35 to 159 tokens) padded to one batch were 2.2x their tokens.
 ADMISSION_PADDING = 0.125
 
 
