@@ -318,6 +318,24 @@ def test_a_records_cache_does_not_depend_on_the_records_admitted_with_it(name, q
         assert torch.equal(together.cross_v[:, slot, :, : len(source)], alone.cross_v[:, slot, :, : len(source)])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_one_token_source_gets_the_same_cache_from_shared_encoder_states_alone_or_in_a_group(kernel):
+    """The small model's admission from the large one's encoder states: a one-token source (an empty
+    record's EOS), a length group of its own, is a product of one row; it gets the cross-attention
+    keys and values it gets beside another, bit for bit (int8 rounding downstream would turn a
+    last-bit difference into another token)."""
+    weights = native_weights(build("t5-v1.0"))
+    sessions = OnnxSessions(weights, "int8")
+    states = torch.randn(2, 1, weights.d_model)  # two sources of one token each
+    alone, together = OnnxEngine(weights, sessions, 2, kernel), OnnxEngine(weights, sessions, 2, kernel)
+    sources = [encode("")] * 2
+    assert len(sources[0]) == 1
+    alone.admit([0], sources[:1], states[:1])
+    together.admit([0, 1], sources, states)
+    assert torch.equal(alone.cross_k[:, 0, :, :1], together.cross_k[:, 0, :, :1])
+    assert torch.equal(alone.cross_v[:, 0, :, :1], together.cross_v[:, 0, :, :1])
+
+
 @pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ["t5-v1.1", "bart", "nllb"])

@@ -138,9 +138,10 @@ class OnnxEngine(Engine):
 
     @torch.inference_mode()
     def _admit(self, slots: list[int], input_ids: list[torch.Tensor], encoded: torch.Tensor | None):
-        """Run the encoder and every decoder layer's cross-attention projections for the newcomers (of
-        one length group: Engine.admit), as one right-padded batch in one onnxruntime call (the projections alone where their encoder
-        states are given), and store the keys and values in their slots.
+        """Run the encoder and every decoder layer's cross-attention projections for the newcomers of
+        one length group (Engine.admit), as one right-padded batch in one onnxruntime call (the
+        projections alone where their encoder states are given), and store the keys and values in
+        their slots.
 
         Every op of it computes a row the same bit for bit whatever rows are beside it, so a record's
         output does not depend on the records admitted with it (int8 rounding downstream would turn a
