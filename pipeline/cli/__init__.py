@@ -18,7 +18,7 @@ def main() -> None:
 
 for _command in (
     jobs.validate, jobs.run, jobs.report, jobs.sweep, jobs.tune,
-    models.generate, models.align, models.tiny_pair,
+    models.generate, models.align, models.tiny_pair, models.inflate_pair,
     bench.bench_loop, bench.bench, bench.bench_pipeline, bench.bench_batch, bench.bench_table1,
     cluster.submit, cluster.status, cluster.logs, cluster.stop,
 ):

@@ -118,3 +118,33 @@ def tiny_pair(out_dir, shape, family, small_kind, seed):
 
     small, large = save_pair(out_dir, family, small=small_kind, seed=seed)
     click.echo(f"small: {small}\nlarge: {large}")
+
+
+@click.command("inflate-pair")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--small", default="models/demo-de-en/small-aligned", show_default=True,
+              help="Small T5 model to inflate (local folder or hub id).")
+@click.option("--large", default="models/demo-de-en/large", show_default=True, help="Large T5 model to inflate.")
+@click.option("--shapes", default="t5", show_default=True,
+              help="Target shapes: t5 (T5-small/T5-large) or t5-base (T5-small/T5-base).")
+@click.option("--set", "overrides", multiple=True, metavar="ROLE.KEY=N",
+              help="Another size for one role, e.g. large.num_decoder_layers=12 (keys: d_model, d_ff, num_heads, "
+                   "num_layers, num_decoder_layers).")
+def inflate_pair(out_dir, small, large, shapes, overrides):
+    """Grow a trained T5 pair to real checkpoints' shapes without changing what it computes (OUT_DIR/small,
+    OUT_DIR/large): real acceptance at real step costs, for benchmarks (docs/benchmarking.md)."""
+    from pipeline.inflate import InflationError, SHAPE_KEYS, inflate_pair as inflate
+
+    sizes: dict[str, dict[str, int]] = {}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        role, _, key = name.partition(".")
+        if role not in ("small", "large") or key not in SHAPE_KEYS or not value.isdigit():
+            raise click.UsageError(f"--set {item}: ROLE.KEY=N with ROLE small or large and KEY one of "
+                                   f"{', '.join(SHAPE_KEYS)}")
+        sizes.setdefault(role, {})[key] = int(value)
+    try:
+        written = inflate(small, large, out_dir, shapes, sizes)
+    except InflationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(f"small: {written[0]}\nlarge: {written[1]}")

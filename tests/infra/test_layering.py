@@ -29,7 +29,7 @@ LAYERS = [
     (2, "stage", ["pipeline.stage"]),
     (1, "io", ["pipeline.io"]),
     (0, "metrics", ["pipeline.metrics"]),
-    (0, "models", ["pipeline.tiny", "pipeline.random_pairs"]),  # tiny and random model builders
+    (0, "models", ["pipeline.tiny", "pipeline.random_pairs", "pipeline.inflate"]),  # model builders
     (-1, "decoding", ["pipeline.decoding"]),
 ]
 RANK = {layer: rank for rank, layer, _ in LAYERS}
