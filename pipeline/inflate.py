@@ -16,8 +16,8 @@ nothing. A trained T5 can instead be grown to a larger shape *without changing w
   norm makes up sqrt(d / d0) of it.
 
 Padding adds zero terms to every dot product, so logits move only by float summation order (about
-1e-6 relative). Zero rows and channels are ordinary weights to every kernel we run: a step of the
-inflated model costs what a random model of its shape costs (docs/benchmarking.md).
+1e-6 relative). Zero rows and channels are ordinary weights to every dense kernel we run (int8 scales
+are clamped, never zero), so a step is priced by its shape, as a random model's of that shape would be.
 """
 
 from __future__ import annotations
