@@ -73,6 +73,8 @@ decoding_options = options(
     click.option("--max-draft-tokens", type=int, default=_defaults.max_draft_tokens, show_default=True),
     click.option("--draft-window", type=click.Choice(DRAFT_WINDOWS), default=_defaults.draft_window,
                  show_default=True, help="speculative and cascade: fixed k, or BiLD's fallback window."),
+    click.option("--adaptive-draft/--no-adaptive-draft", default=_defaults.adaptive_draft, show_default=True,
+                 help="Each round's window (0 included) from measured costs, or always --max-draft-tokens."),
     click.option("--deferral", type=click.Choice(DEFERRALS), default=_defaults.deferral, show_default=True,
                  help="cascade: the rule that defers a drafted position to the large model."),
     click.option("--deferral-threshold", type=float, default=_defaults.deferral_threshold, show_default=True,

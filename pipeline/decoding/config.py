@@ -64,6 +64,11 @@ class DecodingConfig:
     # `speculative` only: "fixed" drafts exactly k tokens; "fallback" stops early, as BiLD does,
     # when the small model's confidence falls below fallback_threshold. Lossless either way.
     draft_window: DraftWindow = "fixed"
+    # Each round's window from measured costs and acceptance, 0 (a plain `large` step) included, at most
+    # max_draft_tokens (draft_length.py). Off by default: the window then never depends on measured speed,
+    # so lossy methods (BiLD's rollback threshold, cascades) and sampled rows repeat exactly run to run
+    # and batch to batch (DESIGN.md §1-2); greedy speculative and BiLD with alpha_RB = 0 are exact either way.
+    adaptive_draft: bool = False
     # `cascade` only: the rule that defers a drafted position to the large model, and its alpha.
     deferral: str = "chow"  # one of DEFERRALS
     deferral_threshold: float = 0.1

@@ -23,6 +23,7 @@ its engine has not cached yet and returns the logits this round reads.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.decoding.config import DecodingConfig
-from pipeline.decoding.engine import Engine, Feed
+from pipeline.decoding.draft_length import DraftLength
+from pipeline.decoding.engine import DraftRule, Engine, Feed
 from pipeline.decoding.policies import (
     Verdict,
     bild_verify,
@@ -84,6 +86,8 @@ class _Row:
     joined: float
     sampler: RowSampler | None
     stats: DecodeStats = field(default_factory=DecodeStats)
+    window: int | None = None  # the most drafts of this round (None: not chosen yet)
+    window_calls: int = 0  # small-model calls of this round
     drafts: int = 0
     draft_probs: list[torch.Tensor] = field(default_factory=list)  # q per draft, when sampling
     draft_logits: list[torch.Tensor] = field(default_factory=list)  # the small model's logits per draft (cascade)
@@ -124,6 +128,8 @@ class Scheduler:
         self.device = torch.device(device)
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
+        drafting = config.method in ("bild", "speculative", "cascade")
+        self.draft_length = DraftLength(config.max_draft_tokens) if drafting and config.adaptive_draft else None
 
     # --- the outer loop -------------------------------------------------------------------------
 
@@ -217,18 +223,58 @@ class Scheduler:
     # --- BiLD and speculative decoding ----------------------------------------------------------
 
     def _step_drafts(self, active: list[_Row]) -> list[_Row]:
+        self._open_windows(active)
         waiting = [row for row in active if row.waiting]
         drafting = [row for row in active if not row.waiting]
         if waiting and (not drafting or len(waiting) >= self.policy.verify_share * len(active)):
             return self._verify(waiting)
-        self._draft(drafting)
+        started = time.perf_counter()
+        enough = max(1, math.ceil(self.policy.verify_share * len(active)) - len(waiting))
+        steps = self._draft(drafting, enough)
+        if self.draft_length is not None:
+            self.draft_length.drafted(len(drafting), time.perf_counter() - started, steps)
         return []
 
-    def _window(self, row: _Row) -> int:
-        return min(self.config.max_draft_tokens, self.config.max_new_tokens - row.produced())
+    def _open_windows(self, active: list[_Row]) -> None:
+        """Rows starting a round get its window: the configured one, or the measured best (draft_length.py)
+        within the token budget. A window of 0 is a plain large-model step: the row waits at once."""
+        opening = [row for row in active if row.window is None]
+        if not opening:
+            return
+        most = self.config.max_draft_tokens if self.draft_length is None else self.draft_length.choose(len(active))
+        for row in opening:
+            row.window = min(most, self.config.max_new_tokens - row.produced())
+            if row.window == 0:
+                row.waiting = True
+                row.stats.plain_steps += 1
 
-    def _draft(self, rows: list[_Row]) -> None:
-        """One small-model step for each drafting row: a draft, or a fallback (DESIGN.md §1, step 1)."""
+    def _window(self, row: _Row) -> int:
+        return row.window
+
+    def _draft(self, rows: list[_Row], enough: int) -> int:
+        """The drafting rows draft until ``enough`` of them stop (DESIGN.md §1, step 1): greedy rows in one
+        engine call (Engine.draft), sampled and cascade rows one step per round (their q and the row's own
+        random stream live here). Returns the small model's forward passes."""
+        if self.config.do_sample or self.config.method == "cascade":
+            self._draft_step(rows)
+            return 1
+        rule = DraftRule(windows=[self._window(row) - row.drafts for row in rows],
+                         fallback_threshold=self.config.fallback_threshold if self.use_fallback else None,
+                         eos_ids=self.eos_ids, enough=enough)
+        drafted = self.small.draft(self._feed(self.small, rows, [1] * len(rows)), rule)
+        for row, tokens, calls, fell_back, stopped in zip(rows, drafted.tokens, drafted.calls, drafted.fell_back,
+                                                          drafted.stopped):
+            self.sequence[row.slot, row.length + row.drafts : row.length + row.drafts + len(tokens)] = torch.tensor(tokens)
+            row.drafts += len(tokens)
+            row.stats.small_calls += calls
+            row.window_calls += calls
+            row.stats.fallbacks += int(fell_back)
+            row.ended_on_eos = bool(tokens) and tokens[-1] in self.eos_ids
+            row.waiting = stopped
+        return drafted.steps
+
+    def _draft_step(self, rows: list[_Row]) -> None:
+        """One small-model step for each drafting row: a draft, or a fallback (sampling, cascades)."""
         logits = self.small.forward(self._feed(self.small, rows, [1] * len(rows)))[:, 0]  # [R, V]
         probs = self._probs(logits)
         if self.use_fallback:
@@ -244,6 +290,7 @@ class Scheduler:
         tokens = dict(zip(sure, chosen))
         for i, row in enumerate(rows):
             row.stats.small_calls += 1
+            row.window_calls += 1
             if i not in tokens:
                 row.stats.fallbacks += 1
                 row.waiting = True
@@ -295,8 +342,10 @@ class Scheduler:
     def _verify_group(self, rows: list[_Row]) -> list[_Row]:
         """One large-model pass over the pending drafts of these rows (DESIGN.md §1, step 2)."""
         config = self.config
+        started = time.perf_counter()
         counts = [row.drafts for row in rows]
-        logits = self.large.forward(self._feed(self.large, rows, [count + 1 for count in counts]))  # [R, K+1, V]
+        feed = self._feed(self.large, rows, [count + 1 for count in counts])
+        logits = self.large.forward(feed)  # [R, K+1, V]
         width = max(counts)
         if len(rows) == 1:
             row = rows[0]
@@ -310,6 +359,7 @@ class Scheduler:
 
         finished = []
         accepted, rejected, next_token = verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist()
+        calls = [row.window_calls for row in rows]
         for i, row in enumerate(rows):
             stats = row.stats
             stats.large_calls += 1
@@ -330,8 +380,13 @@ class Scheduler:
                 done = next_token[i] in self.eos_ids
             done = done or row.produced() >= config.max_new_tokens
             row.drafts, row.draft_probs, row.draft_logits, row.waiting, row.ended_on_eos = 0, [], [], False, False
+            row.window, row.window_calls = None, 0
             if done:
                 finished.append(row)
+        if self.draft_length is not None:
+            self.draft_length.verified(len(rows) * feed.width, time.perf_counter() - started,
+                                       calls=sum(calls), drafts=sum(counts), kept=sum(accepted),
+                                       rejections=sum(int(flag) for flag in rejected))
         return finished
 
     def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:

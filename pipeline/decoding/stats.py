@@ -24,6 +24,7 @@ class DecodeStats:
     large_calls: int = 0
     draft_tokens: int = 0  # small-model tokens sent for verification (kept or discarded)
     deferrals: int = 0  # cascade: drafted positions its deferral rule sent to the large model
+    plain_steps: int = 0  # large-model steps taken without drafting (a window of 0: decoding.adaptive_draft)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
