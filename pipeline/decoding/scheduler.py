@@ -103,7 +103,8 @@ class Scheduler:
 
     ``prefix_for(input_ids) -> [P]`` gives a request's decoder prefix (the start token for
     encoder-decoder models, the prompt for decoder-only ones). An engine a method does not use
-    may be None.
+    may be None. ``draft_length`` chooses each round's window (default: a DraftLength when
+    ``config.adaptive_draft``, else the configured window always).
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class Scheduler:
         prefix_for: Callable[[torch.Tensor], torch.Tensor],
         device: torch.device | str = "cpu",
         shares_encoder: bool = False,
+        draft_length: DraftLength | None = None,
     ):
         for engine in (small, large):
             if engine is not None and engine.slots < policy.batch_size:
@@ -129,7 +131,9 @@ class Scheduler:
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
         drafting = config.method in ("bild", "speculative", "cascade")
-        self.draft_length = DraftLength(config.max_draft_tokens) if drafting and config.adaptive_draft else None
+        if draft_length is None and drafting and config.adaptive_draft:
+            draft_length = DraftLength(config.max_draft_tokens)
+        self.draft_length = draft_length
 
     # --- the outer loop -------------------------------------------------------------------------
 

@@ -171,12 +171,12 @@ LOOP_WINDOW = 3  # a first window accepted whole is followed by a bonus token: t
 
 
 def sample_loop(family: str, samples: int, batch_size: int, variant: str = "fixed", engine: str | None = None,
-                quantize: str = "none") -> list:
+                quantize: str = "none", draft_length=None) -> list:
     """``samples`` outputs of LOOP_TOKENS tokens from the scheduler on the noisy tiny-vocab pair
     (GPT-2 on the Hugging Face engine, T5 on the native one, or on ``engine`` in float32 with
     ``quantize``), one seed per run: speculative sampling with a fixed window (variant "fixed", or a
     RESIDUALS control the caller patches in) or BiLD's fallback window ("fallback"); "small_only"
-    samples the drafter alone (a negative control)."""
+    samples the drafter alone (a negative control). ``draft_length``: the scheduler's window chooser."""
     small, large = tiny_vocab_pair(family)
     method = "small" if variant == "small_only" else "speculative"
     config = DecodingConfig(method=method, do_sample=True, max_new_tokens=LOOP_TOKENS, max_draft_tokens=LOOP_WINDOW,
@@ -187,7 +187,8 @@ def sample_loop(family: str, samples: int, batch_size: int, variant: str = "fixe
         small, large = small.float(), large.float()
     engines = [build_engine(model, kind, batch_size, quantize=quantize) for model in (small, large)]
     scheduler = Scheduler(engines[0], None if method == "small" else engines[1], config,
-                          BatchPolicy(batch_size=batch_size), frozenset(), prefix_for=prefix_for(large))
+                          BatchPolicy(batch_size=batch_size), frozenset(), prefix_for=prefix_for(large),
+                          draft_length=draft_length)
     return scheduler.run([BatchRequest(SOURCE, seed=seed) for seed in range(samples)])
 
 

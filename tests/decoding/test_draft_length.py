@@ -1,0 +1,166 @@
+"""Each round's draft window chosen by the scheduler (draft_length.py) and the one-call drafter (Engine.draft).
+
+The invariants of DESIGN.md §1 hold whatever window is chosen, 0 (a plain large step) included: greedy
+speculative decoding and BiLD with alpha_RB = 0 return the large model's greedy tokens at batch 1, 3, 8
+and 32, and speculative sampling keeps the large model's distribution (with a negative control). Scripted
+windows exercise every length deterministically; the measured chooser is checked on its own with known
+costs. The one-call drafter changes no token and no counter of the step-by-step drafter it replaced.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import pipeline.decoding.scheduler as scheduler_module
+from pipeline.decoding import DecodingConfig, Generator
+from pipeline.decoding.draft_length import DraftLength
+from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
+from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
+from support.pairs import tiny_pair
+from test_batch import INPUTS, MAX_NEW, requests_for
+
+WINDOWS = (0, 2, 5, 1, 0, 10, 3)
+
+
+class ScriptedWindows(DraftLength):
+    """Windows from a fixed cycle, whatever is measured: every length, 0 included, in every run."""
+
+    def __init__(self, most: int, windows=WINDOWS):
+        super().__init__(most)
+        self.windows = itertools.cycle(windows)
+        self.chosen: list[int] = []
+
+    def choose(self, rows: int) -> int:
+        self.chosen.append(min(next(self.windows), self.most))
+        return self.chosen[-1]
+
+
+def run(pair, config, size, draft_length=None):
+    scheduler = scheduler_for(pair, config, BatchPolicy(size))
+    if draft_length is not None:
+        scheduler.draft_length = draft_length
+    return scheduler.run(requests_for(pair, INPUTS * (2 if size == 32 else 1)))
+
+
+@pytest.mark.parametrize("family", ["t5", "gpt2", pytest.param("bart", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("config", [dict(method="bild", rollback_threshold=0.0, fallback_threshold=0.5),
+                                    dict(method="speculative"),
+                                    dict(method="speculative", draft_window="fallback", fallback_threshold=0.5)],
+                         ids=["bild_rb0", "speculative", "speculative_fallback_window"])
+def test_any_windows_keep_the_large_models_greedy_tokens(family, config):
+    pair = tiny_pair(family, "noisy", 0)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, max_draft_tokens=10, **config)
+    for size in (1, 3, 8, 32):
+        expected = run(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW), size)
+        scripted = ScriptedWindows(config.max_draft_tokens)
+        for chooser in (scripted, None):  # scripted windows, then the measured ones (adaptive_draft)
+            measured = DecodingConfig(**{**config.to_dict(), "adaptive_draft": chooser is None})
+            outputs = run(pair, measured, size, chooser)
+            for want, got in zip(expected, outputs):
+                assert got.tokens == want.tokens, f"B={size} {'scripted' if chooser else 'measured'}"
+                s = got.stats
+                assert s.small_tokens + s.large_tokens == s.output_tokens == len(got.tokens)
+            if chooser is scripted:  # plain steps and kept drafts both happened
+                assert sum(out.stats.plain_steps for out in outputs) > 0, f"B={size}"
+                assert sum(out.stats.small_tokens for out in outputs) > 0, f"B={size}"
+        assert 0 in scripted.chosen and 10 in scripted.chosen
+
+
+def test_a_window_of_zero_is_a_plain_large_step_and_is_counted():
+    pair = tiny_pair("t5", "noisy", 0)
+    config = DecodingConfig(method="bild", rollback_threshold=0.0, max_new_tokens=MAX_NEW)
+    outputs = run(pair, config, 3, ScriptedWindows(10, windows=(0,)))
+    for out in outputs:
+        s = out.stats
+        assert s.small_calls == s.small_tokens == s.draft_tokens == 0
+        assert s.plain_steps == s.large_calls == s.large_tokens == s.output_tokens
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+@pytest.mark.parametrize("variant", ["fixed", "residual_is_p"])
+def test_speculative_sampling_with_any_windows_keeps_the_large_models_distribution(variant, family, monkeypatch):
+    """The first round drafts three (so bonus runs are tested), later rounds 0 to 3 drafts."""
+    if variant in RESIDUALS:
+        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+    chooser = ScriptedWindows(3, windows=(3, 2, 0, 3, 1))
+    outputs = sample_loop(family, 4000, 64, variant, draft_length=chooser)
+    assert {0, 1, 2, 3} <= set(chooser.chosen) and sum(out.stats.plain_steps for out in outputs) > 100
+    check_loop(outputs, family, variant, 4000)
+
+
+# --- the measured choice ------------------------------------------------------------------------------
+
+
+def measured(small_seconds, large_seconds, kept_share=0.9, draft_share=0.95, most=10, rows=1):
+    """A DraftLength that has seen 20 drafting steps and 20 verifications of 1..10 positions per row
+    at the given costs (seconds per call of ``rows`` rows, and of ``positions``)."""
+    chooser = DraftLength(most)
+    for call in range(20):
+        chooser.drafted(rows, small_seconds(rows))
+        positions = rows * (1 + call % 10)
+        drafts = 100
+        kept = int(kept_share * drafts)
+        chooser.verified(positions, large_seconds(positions), calls=round(drafts / draft_share), drafts=drafts,
+                         kept=kept, rejections=drafts - kept)
+    return chooser
+
+
+def test_the_configured_window_until_both_costs_are_known():
+    chooser = DraftLength(7)
+    assert chooser.choose(1) == 7
+    chooser.drafted(1, 0.001)
+    assert chooser.choose(1) == 7
+
+
+def test_speculation_pays_where_a_verification_costs_about_one_step():
+    """The paper's T5 pair on a GPU, or an inflated pair's weight-bound step: a step 24 ms, each more
+    position 1 ms, a draft 2.5 ms."""
+    chooser = measured(lambda rows: 0.0025, lambda positions: 0.024 + 0.001 * positions)
+    assert chooser.choose(1) >= 5
+    assert chooser.tokens_per_second(chooser.choose(1), 1) > 1.5 * chooser.tokens_per_second(0, 1)
+
+
+def test_speculation_steps_aside_where_verifying_k_drafts_costs_k_steps():
+    """A compute-bound large model (the demo pair at batch 32 on a CPU): every position costs the same."""
+    chooser = measured(lambda rows: 0.0004 * rows, lambda positions: 0.0001 + 0.0008 * positions, rows=32)
+    assert chooser.choose(32) == 0
+    # ... while a lone row, whose step is mostly the call's fixed cost, still drafts.
+    lone = measured(lambda rows: 0.0005, lambda positions: 0.004 + 0.0002 * positions)
+    assert lone.choose(1) > 0
+
+
+def test_poor_acceptance_turns_drafting_off():
+    chooser = measured(lambda rows: 0.0025, lambda positions: 0.024 + 0.001 * positions, kept_share=0.05)
+    assert chooser.choose(1) == 0
+
+
+# --- the one-call drafter ---------------------------------------------------------------------------
+
+
+def step_by_step(self, rows, enough):
+    """The drafter before Engine.draft: one small-model step per round, in the scheduler."""
+    self._draft_step(rows)
+    return 1
+
+
+@pytest.mark.parametrize("engine_family", [("auto", "t5"), ("auto", "gpt2"), ("onnx", "t5"),
+                                           pytest.param(("auto", "bart"), marks=pytest.mark.slow)],
+                         ids=lambda value: "-".join(value))
+@pytest.mark.parametrize("config", [dict(method="bild", fallback_threshold=0.5, rollback_threshold=1.0),
+                                    dict(method="speculative", max_draft_tokens=3),
+                                    dict(method="speculative", draft_window="fallback", fallback_threshold=0.5)],
+                         ids=["bild", "speculative", "speculative_fallback_window"])
+def test_the_one_call_drafter_changes_no_token_and_no_counter(engine_family, config, monkeypatch):
+    engine, family = engine_family
+    pair = tiny_pair(family, "noisy", 0, engine=engine)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, **config)
+    for size, share in [(1, 1.0), (8, 1.0), (8, 0.5)]:
+        one_call = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
+        with monkeypatch.context() as patched:
+            patched.setattr(Scheduler, "_draft", step_by_step)
+            stepwise = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
+        for a, b in zip(one_call, stepwise):
+            assert a.tokens == b.tokens and a.stats == b.stats, f"B={size} share={share}"
+        assert sum(out.stats.small_tokens for out in one_call) > 0
