@@ -41,6 +41,9 @@ class NativeWeights(ABC):
     layer_count: int  # decoder layers
     attention_scale: float  # on q.k: 1.0 for T5, d_kv ** -0.5 for BART-like models
     position_bias: bool  # whether self_mask adds more than the causal mask (T5's relative position bias)
+    # Whether ``embed`` of a token is its row of ``decoder_embedding`` alone (no position, scale or norm):
+    # the onnx engine then looks a drafting step's token up in numpy, without torch's per-call cost.
+    lookup_embedding: bool = False
 
     def __init__(self, model, unsupported: str | None, quantize: str = "none"):
         """``unsupported``: the family's reason not to run ``model`` (its ``unsupported_reason``), or None;

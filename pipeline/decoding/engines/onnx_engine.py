@@ -90,6 +90,7 @@ class OnnxEngine(Engine):
         self.attention = attention
         self.position_dim = POSITION_DIM[attention]
         self.vocab = weights.head.weight.shape[1]  # the logits' width
+        self._embedding = weights.decoder_embedding.numpy() if weights.lookup_embedding else None  # [V, d]
         w = weights
         self.capacity, self.sources = 0, 0
         empty = [w.layer_count, slots, w.heads, w.d_kv]
@@ -180,7 +181,8 @@ class OnnxEngine(Engine):
 
     # --- the forward pass -------------------------------------------------------------------------
 
-    @torch.inference_mode()
+    # (No torch.inference_mode here: the weights and caches need no gradient, and entering the mode cost
+    # ~50 us a step on a slow CPU, a tenth of a drafting step's Python.)
     def _forward(self, feed: Feed) -> torch.Tensor:
         rows, width = feed.tokens.shape
         read, where, attended = self._rows_read(feed)
@@ -193,13 +195,21 @@ class OnnxEngine(Engine):
             tokens, counts = torch.zeros((attended, width), dtype=torch.long), [0] * attended  # ... feeding nothing
             for r, a in enumerate(where):  # (a fed row's length is its position: Engine.forward checks)
                 tokens[a], counts[a] = feed.tokens[r], feed.counts[r]
-        steps = torch.from_numpy(np.add.outer(positions, np.arange(width + 1)))  # [A, W + 1]
-        self.weights.embed(tokens, steps[:, :width], out=call.hidden)
+        one_token = attended == 1 and width == 1 and self.weights.lookup_embedding  # a drafting step at batch 1
+        if one_token:  # its token's embedding and bias row, looked up without building positions
+            steps = None
+            call.hidden_array[0] = self._embedding[int(tokens[0, 0])]
+        else:
+            steps = torch.from_numpy(np.add.outer(positions, np.arange(width + 1)))  # [A, W + 1]
+            self.weights.embed(tokens, steps[:, :width], out=call.hidden)
         call.set_rows(feed.slots, positions, counts)
-        call.reading(sum(feed.reads))[:] = [where[r] * width + i for r, (count, read_)
-                                            in enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
+        if not one_token:
+            call.reading(sum(feed.reads))[:] = [where[r] * width + i for r, (count, read_) in
+                                                enumerate(zip(feed.counts, feed.reads)) for i in range(count - read_, count)]
+        else:
+            call.reading(1)[0] = 0
         if self.weights.position_bias:
-            self._self_bias(steps, call.self_bias)
+            self._self_bias(steps, call, positions[0])
         started = time.perf_counter()
         logits = call.run()
         self.kernel_seconds += time.perf_counter() - started  # the rest of forward_seconds: this method's Python
@@ -292,18 +302,20 @@ class OnnxEngine(Engine):
             return cache[read]
         return cache[torch.tensor(read), :, :positions]
 
-    def _self_bias(self, steps: torch.Tensor, out: torch.Tensor) -> None:
-        """``out`` [A, H, W + 1, C']: what each query at ``steps`` [A, W + 1] adds to its score over the
-        key at each of the call's C' cache positions (T5's relative position bias; attention is causal
-        by itself)."""
+    def _self_bias(self, steps: torch.Tensor | None, call: "_StepCall | SegmentedCall", position: int) -> None:
+        """The call's ``self_bias`` [A, H, W + 1, C']: what each query at ``steps`` [A, W + 1] adds to its
+        score over the key at each of the call's C' cache positions (T5's relative position bias; attention
+        is causal by itself). ``steps`` None: one row feeding one token at ``position`` (a step at batch 1),
+        whose bias is a precomputed slice, copied in numpy."""
+        out = call.inputs["self_bias"]
         held = out.shape[-1]
-        if steps.shape == (1, 2):  # one row, one token (a step at batch 1): a precomputed slice
+        if steps is None:
             if self._one_token_bias is None:
                 rows = torch.arange(self.capacity - 1)[:, None] + torch.arange(2)  # [C - 1, 2]
-                self._one_token_bias = self.table[:, rows].transpose(0, 1).contiguous()  # [C - 1, H, 2, C]
-            out[0] = self._one_token_bias[int(steps[0, 0]), ..., :held]
+                self._one_token_bias = self.table[:, rows].transpose(0, 1).contiguous().numpy()  # [C - 1, H, 2, C]
+            out[0] = self._one_token_bias[position, ..., :held]
         else:
-            out.copy_(self.table[:, steps, :held].transpose(0, 1))
+            call.self_bias.copy_(self.table[:, steps, :held].transpose(0, 1))
 
     @staticmethod
     def _placement(feed: Feed) -> torch.Tensor | None:
@@ -346,7 +358,8 @@ class _StepCall:
                     self.binding.bind_ortvalue_output(StepGraph.updated(f"{name}.{layer}"), value)
         for name, array in inputs.items():
             self.binding.bind_cpu_input(name, array)
-        self.hidden = torch.from_numpy(inputs["hidden"]).view(-1, inputs["hidden"].shape[-1])  # [A * W, d]
+        self.hidden_array = inputs["hidden"].reshape(-1, inputs["hidden"].shape[-1])  # [A * W, d], a view
+        self.hidden = torch.from_numpy(self.hidden_array)
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
         self.reads = ReadLogits(self.binding, "logits", vocab)
         self.reading = self.reads.reading

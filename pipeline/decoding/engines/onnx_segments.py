@@ -196,7 +196,8 @@ class SegmentedCall:
         ``inputs``: source_lengths [slots] (and T5's self_bias [A, H, W + 1, C]); ``kernel``:
         attention_kernel's."""
         self.frame, self.caches, self.inputs = frame, caches, inputs  # kept alive: the calls point into them
-        self.hidden = torch.from_numpy(frame.arrays["hidden"]).view(-1, frame.arrays["hidden"].shape[-1])  # [A * W, d]
+        self.hidden_array = frame.arrays["hidden"].reshape(-1, frame.arrays["hidden"].shape[-1])  # [A * W, d], a view
+        self.hidden = torch.from_numpy(self.hidden_array)
         self.self_bias = torch.from_numpy(inputs["self_bias"]) if "self_bias" in inputs else None
         self.plan = [run or self._attention(kernel, piece) for piece, run in zip(frame.pieces, frame.runs)]
         self.reading = frame.reads.reading

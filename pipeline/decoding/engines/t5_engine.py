@@ -54,6 +54,7 @@ class T5Weights(NativeWeights):
 
     attention_scale = 1.0  # T5 does not scale q.k
     position_bias = True  # relative positions, in self_mask
+    lookup_embedding = True  # (embed below)
 
     @torch.no_grad()
     def __init__(self, model: PreTrainedModel, quantize: str = "none"):
