@@ -40,6 +40,15 @@ COLUMNS = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu"
            "rollbacks_per_100_tokens", "measured_over_predicted"]
 
 
+ADAPTIVE = "_adaptive"  # a method's row with decoding.adaptive_draft on (bild_adaptive, speculative_adaptive)
+
+
+def adaptive_variants(bild: DecodingConfig) -> dict[str, DecodingConfig]:
+    """`bild` and `speculative` with each round's window chosen from measured costs (draft_length.py)."""
+    return {f"{method}{ADAPTIVE}": dataclasses.replace(bild, method=method, adaptive_draft=True, do_sample=False)
+            for method in ("bild", "speculative")}
+
+
 def cascade_variants(bild: DecodingConfig, cascades: list[tuple[str, float]]) -> dict[str, DecodingConfig]:
     """Rows named as sweep points name them (`cascade_chow_a0.3`): `method: cascade` with each (rule, α),
     the window and limits of `bild`."""
@@ -128,6 +137,9 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     runs = run_methods(pair, encoded, bild, repeats, methods, between_records=sampler.sample, ct2=ct2,
                        variants=variants)
     rows = summarize_methods(pair, runs, references)
+    small = pair.engine("small", 1)  # every small-model step of the runs above (and of the cost sampler)
+    small_steps = {"calls": small.calls, "runtime_ms": 1000 * small.kernel_seconds / max(small.calls, 1),
+                   "python_ms": 1000 * (small.forward_seconds - small.kernel_seconds) / max(small.calls, 1)}
     cost = sampler.result()
     ours = (*OURS, *variants)
     stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in ours}
@@ -140,7 +152,8 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
             row["predicted_s"] = encoder + predict_seconds(stats[name], cost)
             row["measured_over_predicted"] = runs[name].total_seconds / repeats / row["predicted_s"]
     report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), **environment(pair),
-              "ct2": ct2["large"].description if ct2 else None, "methods": rows, "cost_model": cost}
+              "ct2": ct2["large"].description if ct2 else None, "methods": rows, "cost_model": cost,
+              "small_steps": small_steps}
     if references:
         report["bleu_signature"] = signatures("translation")["bleu"]
     if with_engines:
@@ -162,6 +175,11 @@ def render_markdown(report: dict) -> str:
               f"small step {1000 * cost['small_step_s']:.3f} ms, large step {1000 * cost['large_step_s']:.3f} ms "
               f"(ratio {cost['cost_ratio_large_over_small']:.2f}); large verification of k tokens: "
               + ", ".join(f"k={k} {1000 * v:.3f} ms" for k, v in cost["large_verify_s"].items())]
+    steps = report.get("small_steps")
+    if steps and steps["runtime_ms"] > 0:  # an engine with one runtime call per step (onnx)
+        lines += ["", f"Small-model steps ({steps['calls']}): {steps['runtime_ms']:.3f} ms in the runtime's call, "
+                  f"{steps['python_ms']:.3f} ms of the engine's Python around it "
+                  f"({steps['python_ms'] / steps['runtime_ms']:.0%} of the runtime's time)."]
     if "engines" in report:
         lines += ["", render_engines(report["engines"])]
     if "projection" in report:

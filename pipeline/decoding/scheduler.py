@@ -439,7 +439,9 @@ class Scheduler:
 
 
 def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Scheduler:
-    """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses."""
+    """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses (and, with
+    ``config.adaptive_draft``, the pair's window chooser for them, which outlives this scheduler)."""
+    drafting = config.method in ("bild", "speculative", "cascade") and config.adaptive_draft
     return Scheduler(
         pair.engine("small", policy.batch_size) if config.method != "large" else None,
         pair.engine("large", policy.batch_size) if config.method != "small" else None,
@@ -449,6 +451,7 @@ def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Schedule
         pair.decoder_prefix,
         device=pair.device,
         shares_encoder=pair.shares_encoder,
+        draft_length=pair.draft_length(config, policy.batch_size) if drafting else None,
     )
 
 
