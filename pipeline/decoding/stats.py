@@ -77,6 +77,14 @@ class DecodeStats:
         return self._per_token(self.large_calls)
 
     @property
+    def plain_step_share(self) -> float:
+        """Share of the large model's calls made without drafting (a window of 0: decoding.adaptive_draft)."""
+        if np.ndim(self.large_calls):
+            calls = np.asarray(self.large_calls, float)
+            return np.divide(self.plain_steps, calls, out=np.zeros_like(calls), where=calls > 0)
+        return self.plain_steps / self.large_calls if self.large_calls else 0.0
+
+    @property
     def discarded_draft_tokens(self) -> int:
         """Drafts the large model rejected (or that a rollback dropped): sent, never kept."""
         return self.draft_tokens - self.small_tokens

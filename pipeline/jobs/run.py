@@ -83,6 +83,7 @@ class RunSummary:
     startup_seconds: float | None = None
     # Cascade runs: the share of drafted positions whose deferral rule deferred (None without any).
     deferral_share: float | None = None
+    plain_step_share: float = 0.0  # of the large model's calls, made without drafting (decoding.adaptive_draft)
 
     @property
     def tokens_per_second(self) -> float:
@@ -103,7 +104,9 @@ class RunSummary:
                 f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
                 f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
                 f"rollbacks per 100 tokens"
-                + (f"; {100 * self.deferral_share:.1f}% of drafted positions deferred" if self.deferral_share else ""),
+                + (f"; {100 * self.deferral_share:.1f}% of drafted positions deferred" if self.deferral_share else "")
+                + (f"; {100 * self.plain_step_share:.1f}% of large-model steps without drafting"
+                   if self.plain_step_share else ""),
                 f"  engine: {', '.join(self.engines) or 'none'}"
                 + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
             ]
@@ -362,4 +365,5 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
         quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
         deferral_share=totals.deferral_share if totals.deferrals else None,
+        plain_step_share=totals.plain_step_share,
     )

@@ -44,6 +44,8 @@ def bild_behaviour(table: pa.Table) -> dict[str, float]:
         "discarded_draft_tokens": totals.discarded_draft_tokens,
         "discarded_per_100_tokens": totals.discarded_per_100_tokens,
         "deferral_share": totals.deferral_share,  # cascade: drafted positions deferred (None without drafts)
+        "plain_steps": totals.plain_steps,  # large-model steps taken without drafting (decoding.adaptive_draft)
+        "plain_step_share": totals.plain_step_share,
     }
 
 

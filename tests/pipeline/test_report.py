@@ -221,3 +221,15 @@ def test_a_cascade_run_reports_its_deferral_rate_and_plots_it_per_record(tmp_pat
     files = write_report(summary, numeric, tmp_path / "report")
     assert "deferral_share.png" in {f.name for f in files}
     assert "| deferral_share | 0.500 |" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_run_with_adaptive_windows_reports_its_steps_without_drafting(tmp_path):
+    from pipeline.jobs.report import build_report, write_report
+
+    rows = [{**ok_row(i, p, r), "large_calls": 4, "plain_steps": s}
+            for i, (p, r, s) in enumerate(zip(PREDICTIONS, REFERENCES, (0, 1, 2, 3, 4, 2)))]
+    write_run(tmp_path / "run", rows, method="bild")
+    summary, numeric = build_report(str(tmp_path / "run"))
+    assert summary["bild"]["plain_steps"] == 12 and summary["bild"]["plain_step_share"] == pytest.approx(12 / 24)
+    write_report(summary, numeric, tmp_path / "report")
+    assert "| plain_step_share | 0.500 |" in (tmp_path / "report" / "report.md").read_text()
