@@ -351,18 +351,14 @@ class Scheduler:
         feed = self._feed(self.large, rows, [count + 1 for count in counts])
         logits = self.large.forward(feed)  # [R, K+1, V]
         width = max(counts)
-        if len(rows) == 1:
-            row = rows[0]
-            drafts = self.sequence[row.slot : row.slot + 1, row.length : row.length + width]  # [1, K]
+        if width == 0 and not config.do_sample:  # no drafts (a fallback at once, or a window of 0): the large
+            # model's own choice, as the method's policy takes it (BiLD's argmax of p), without the policy's ops
+            accepted, rejected, deferred = [0] * len(rows), [False] * len(rows), None
+            scores = self._probs(logits[:, 0]) if config.method == "bild" else logits[:, 0]
+            next_token = greedy(scores).tolist()
         else:
-            columns = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
-            slots = torch.tensor([row.slot for row in rows])
-            drafts = self.sequence[slots[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
-            drafts = torch.where(torch.arange(width)[None, :] < torch.tensor(counts)[:, None], drafts, 0)
-        verdict = self._judge(rows, drafts, torch.tensor(counts), logits)
-
+            accepted, rejected, next_token, deferred = self._verdict(rows, counts, width, logits)
         finished = []
-        accepted, rejected, next_token = verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist()
         calls = [row.window_calls for row in rows]
         for i, row in enumerate(rows):
             stats = row.stats
@@ -370,8 +366,8 @@ class Scheduler:
             stats.draft_tokens += row.drafts
             stats.small_tokens += accepted[i]
             stats.rollbacks += int(rejected[i])
-            if verdict.deferred is not None:
-                stats.deferrals += int(verdict.deferred[i])
+            if deferred is not None:
+                stats.deferrals += int(deferred[i])
             row.length += accepted[i]  # kept drafts are already in the buffer
             # Both models may have read drafts past the kept prefix: drop those cache entries.
             self.small.rewind(row.slot, row.length)
@@ -392,6 +388,20 @@ class Scheduler:
                                        calls=sum(calls), drafts=sum(counts), kept=sum(accepted),
                                        rejections=sum(int(flag) for flag in rejected))
         return finished
+
+    def _verdict(self, rows: list[_Row], counts: list[int], width: int, logits: torch.Tensor) -> tuple[list, ...]:
+        """The policy's verdict on these rows' drafts as lists: (accepted, rejected, next token, deferred or None)."""
+        if len(rows) == 1:
+            row = rows[0]
+            drafts = self.sequence[row.slot : row.slot + 1, row.length : row.length + width]  # [1, K]
+        else:
+            columns = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
+            slots = torch.tensor([row.slot for row in rows])
+            drafts = self.sequence[slots[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
+            drafts = torch.where(torch.arange(width)[None, :] < torch.tensor(counts)[:, None], drafts, 0)
+        verdict = self._judge(rows, drafts, torch.tensor(counts), logits)
+        deferred = verdict.deferred.tolist() if verdict.deferred is not None else None
+        return verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist(), deferred
 
     def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
         """The method's policy over the batch of waiting rows (policies.py)."""
