@@ -328,6 +328,8 @@ class Scheduler:
             return [rows]
         lengths = self.large.lengths
         tails = [row.length + row.drafts - lengths[row.slot] for row in rows]  # tokens to feed
+        if min(tails) == max(tails):  # nothing to pad (plain steps, or windows alike): one pass
+            return [rows]
         order = sorted(range(len(rows)), key=tails.__getitem__)
         ranked = [tails[i] for i in order]
         # cost[j]: the cheapest way to verify the j shortest rows; a group (i, j] is padded to ranked[j-1].
