@@ -18,6 +18,7 @@ PAIR_ENGINES: tuple[str, ...] = ("auto", "native", "hf", "onnx")
 # A job may also run one model alone on CTranslate2 (engines/ct2_engine.py: methods large and small only).
 ENGINES: tuple[str, ...] = (*PAIR_ENGINES, "ct2")
 PLAIN_METHODS: tuple[str, ...] = ("large", "small")  # one model decodes alone: what ct2 runs
+DRAFTING_METHODS: tuple[str, ...] = ("bild", "speculative", "cascade")  # the small model drafts, the large verifies
 DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float64")
 # Weights as the native engines multiply by them on a CPU: as loaded, or int8 where it pays (engines/int8.py).
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")

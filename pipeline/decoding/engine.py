@@ -182,6 +182,28 @@ def length_groups(lengths: Sequence[int], padding: float = ADMISSION_PADDING) ->
     return groups
 
 
+def padding_groups(tails: Sequence[int], overhead: float) -> list[list[int]]:
+    """The indices of ``tails`` (tokens each row feeds) sorted by tail and cut into the groups, one pass
+    each padded to its longest, that cost the fewest positions when a pass costs ``overhead`` more (a
+    shortest path over the cut points). One group when every row feeds alike."""
+    if min(tails) == max(tails):
+        return [list(range(len(tails)))]
+    order = sorted(range(len(tails)), key=tails.__getitem__)
+    ranked = [tails[i] for i in order]
+    # cost[j]: the cheapest way to verify the j shortest rows; a group (i, j] is padded to ranked[j-1].
+    cost, cut = [0.0] + [float("inf")] * len(tails), [0] * (len(tails) + 1)
+    for j in range(1, len(tails) + 1):
+        for i in range(j):
+            candidate = cost[i] + overhead + (j - i) * ranked[j - 1]
+            if candidate < cost[j]:
+                cost[j], cut[j] = candidate, i
+    groups, j = [], len(tails)
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
 def _in_input_order(parts: list[tuple[list[int], torch.Tensor | None]], rows: int) -> torch.Tensor | None:
     """The groups' encoder states as one batch [rows, S, d] in the order the rows came, each padded
     with zeros to the longest (None for decoder-only models)."""

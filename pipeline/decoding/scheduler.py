@@ -3,8 +3,10 @@
 A batch holds up to ``batch_size`` active rows (batch size 1 is the same code with one row).
 Each round either
 
-- *drafts*: the small model predicts one token for every drafting row in one forward pass;
-  a row that falls back (max pS < alpha_FB), writes EOS or fills its window stops and waits; or
+- *drafts*: every drafting row drafts until it falls back (max pS < alpha_FB), writes EOS or fills
+  its window, then waits (greedy: a whole window in one engine call, Engine.draft; sampling: one
+  token per round). A row's window is chosen when its round opens: ``max_draft_tokens``, or with
+  ``adaptive_draft`` the measured best (draft_length.py), where 0 makes the round a plain large step; or
 - *verifies*: the large model reads the pending drafts of every waiting row in one forward pass
   (or a few, see ``_verify_groups``); each row's policy verdict (policies.py) keeps a prefix of
   its drafts and appends the large model's token, and both models' caches of that row are cut
@@ -31,9 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.decoding.config import DecodingConfig
+from pipeline.decoding.config import DRAFTING_METHODS, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
-from pipeline.decoding.engine import DraftRule, Engine, Feed
+from pipeline.decoding.engine import DraftRule, Engine, Feed, padding_groups
 from pipeline.decoding.policies import (
     Verdict,
     bild_verify,
@@ -130,8 +132,7 @@ class Scheduler:
         self.device = torch.device(device)
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
-        drafting = config.method in ("bild", "speculative", "cascade")
-        if draft_length is None and drafting and config.adaptive_draft:
+        if draft_length is None and config.method in DRAFTING_METHODS and config.adaptive_draft:
             draft_length = DraftLength(config.max_draft_tokens)
         self.draft_length = draft_length
 
@@ -148,7 +149,7 @@ class Scheduler:
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
         outputs: list[DecodeOutput | None] = [None] * len(requests)
-        step = self._step_drafts if self.config.method in ("bild", "speculative", "cascade") else self._step_one_model
+        step = self._step_drafts if self.config.method in DRAFTING_METHODS else self._step_one_model
         while queue or active:
             joining = []
             # Newcomers join in groups (one encoder pass for all), unless the queue is nearly empty.
@@ -319,8 +320,8 @@ class Scheduler:
         return finished
 
     def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
-        """Rows sorted by pending tail, cut into the groups that cost the fewest positions when
-        every extra pass costs ``overhead`` positions (a shortest-path over the cut points)."""
+        """The waiting rows in the groups of least padding when a pass costs ``overhead`` positions
+        (engine.padding_groups), by the large model's measured call cost."""
         if len(rows) < 2:
             return [rows]
         overhead = self.large.call_cost.overhead_in_positions()
@@ -328,22 +329,7 @@ class Scheduler:
             return [rows]
         lengths = self.large.lengths
         tails = [row.length + row.drafts - lengths[row.slot] for row in rows]  # tokens to feed
-        if min(tails) == max(tails):  # nothing to pad (plain steps, or windows alike): one pass
-            return [rows]
-        order = sorted(range(len(rows)), key=tails.__getitem__)
-        ranked = [tails[i] for i in order]
-        # cost[j]: the cheapest way to verify the j shortest rows; a group (i, j] is padded to ranked[j-1].
-        cost, cut = [0.0] + [float("inf")] * len(rows), [0] * (len(rows) + 1)
-        for j in range(1, len(rows) + 1):
-            for i in range(j):
-                candidate = cost[i] + overhead + (j - i) * ranked[j - 1]
-                if candidate < cost[j]:
-                    cost[j], cut[j] = candidate, i
-        groups, j = [], len(rows)
-        while j > 0:
-            groups.append([rows[k] for k in order[cut[j] : j]])
-            j = cut[j]
-        return groups[::-1]
+        return [[rows[i] for i in group] for group in padding_groups(tails, overhead)]
 
     def _verify_group(self, rows: list[_Row]) -> list[_Row]:
         """One large-model pass over the pending drafts of these rows (DESIGN.md §1, step 2)."""
@@ -453,7 +439,7 @@ class Scheduler:
 def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Scheduler:
     """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses (and, with
     ``config.adaptive_draft``, the pair's window chooser for them, which outlives this scheduler)."""
-    drafting = config.method in ("bild", "speculative", "cascade") and config.adaptive_draft
+    drafting = config.method in DRAFTING_METHODS and config.adaptive_draft
     return Scheduler(
         pair.engine("small", policy.batch_size) if config.method != "large" else None,
         pair.engine("large", policy.batch_size) if config.method != "small" else None,

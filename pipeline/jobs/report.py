@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
 from pipeline.jobs.run_rows import BATCH_ROWS, RunRows, read_run
@@ -380,7 +381,7 @@ def _record_plots(ok: pa.Table, summary: dict, out: Path) -> list[Path]:
     made = []
     ok = ok.filter(pc.greater(ok["output_tokens"], 0))
     lengths = ok["output_tokens"].to_numpy().astype(float)
-    if summary.get("method") in ("bild", "speculative", "cascade") and len(lengths):
+    if summary.get("method") in DRAFTING_METHODS and len(lengths):
         counters = ("output_tokens", "small_tokens", "fallbacks", "rollbacks", "draft_tokens", "deferrals")
         records = DecodeStats.per_record({name: ok[name].to_numpy() for name in counters if name in ok.column_names})
         made.append(plots.small_share_histogram(records.small_token_share, out / "small_share.png"))
