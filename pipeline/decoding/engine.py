@@ -12,8 +12,8 @@ model's key/value cache for ``slots`` rows and offers four verbs:
 - ``release(slot)``: the row left; the slot is free for the next one.
 
 A fifth, ``draft(feed, rule)``, runs a greedy draft window: up to k small-model steps, each with
-BiLD's fallback check, EOS and the window, in one call. The default loops over ``forward``; an
-engine may run it more cheaply (onnx_engine.py keeps its step bound and the logits in place).
+BiLD's fallback check, EOS and the window, in one call. The default loops over ``forward`` (every
+engine runs it so today); an engine may override it to run the window without Python between steps.
 
 ``HFEngine`` (engines/hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
 engines (engines/t5_engine.py, one file per model family) run their own forward pass over a preallocated
