@@ -6,6 +6,7 @@ callable class Ray Data instantiates once per actor and calls with batches of re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
 from pipeline.decoding.engines.ct2_engine import CT2Generator
+from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.metrics import quality as q
 
@@ -45,6 +47,7 @@ class DecodeStageSpec:
     baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
     baseline_engine: str | None = None  # report.baseline_engine where it differs from models.engine
     task: str = "translation"  # which quality statistics each row with a reference carries
+    in_flight_registry: str | None = None  # the run's InFlightRecords actor (pipeline/in_flight.py)
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -69,6 +72,7 @@ class DecodeStage:
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.guard = CallGuard(spec.in_flight_registry, self.worker)
         for _, generator in self.passes:  # first-call set-up must not count as a record's latency
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
 
@@ -83,18 +87,33 @@ class DecodeStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
-        todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())]
-                for name, _ in self.generators}
-        todo[BASELINE] = [i for i, row in enumerate(records) if row["id"] in self.spec.baseline_ids]
-        results: dict[tuple[int, str], GenerationResult] = {}
+        ids = [row["id"] for row in records]
+        killers, retried = self.guard.begin(ids)  # a retry after a crash decodes record by record
+        try:
+            return self._decode_call(records, killers, retried)
+        finally:
+            self.guard.end(ids)
+
+    def _decode_call(self, records: list[dict], killers: dict[str, str], retried: bool) -> pa.Table:
+        """The call's output rows; a call retried after its actor died decodes record by record, each
+        registered as alone in flight, and gives the records that killed an actor alone an error row."""
+        todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())
+                       and row["id"] not in killers] for name, _ in self.generators}
+        todo[BASELINE] = [i for i, row in enumerate(records) if row["id"] in self.spec.baseline_ids
+                          and row["id"] not in killers]
+        results: dict[tuple[int, str], GenerationResult] = {
+            (i, name): GenerationResult(prediction=None, error=crash_error(killers[row["id"]]), method=config.method)
+            for i, row in enumerate(records) if row["id"] in killers for name, config in self.spec.points
+            if name not in self.done_points.get(row["id"], ())}
         call, seconds = {"call_started_at": time.time()}, dict.fromkeys(todo, 0.0)
-        if self.batch_policy.batch_size == 1:  # record by record: a record's points run side by side
+        if retried or self.batch_policy.batch_size == 1:  # record by record: a record's points side by side
             for i, row in enumerate(records):
-                for name, generator in self.passes:
-                    if i in todo[name]:
-                        started = time.perf_counter()
-                        results[(i, name)] = self._decode(generator, [row])[0]
-                        seconds[name] += time.perf_counter() - started
+                with self.guard.alone(row["id"]) if retried else contextlib.nullcontext():
+                    for name, generator in self.passes:
+                        if i in todo[name]:
+                            started = time.perf_counter()
+                            results[(i, name)] = self._decode(generator, [row])[0]
+                            seconds[name] += time.perf_counter() - started
         else:  # each point decodes the call's records together
             for name, generator in self.passes:
                 started = time.perf_counter()
@@ -121,6 +140,7 @@ class DecodeStage:
     def _decode(self, generator: Generator, records: list[dict]) -> list[GenerationResult]:
         """One result per record: rows that failed to read keep their error; the rest are decoded
         together (batch_size > 1) or one by one."""
+        kill_if_chosen([row["id"] for row in records])
         config = generator.config
         results: list[GenerationResult | None] = [None] * len(records)
         texts, seeds, where = [], [], []
@@ -140,6 +160,7 @@ class DecodeStage:
 
     def _output_row(self, row: dict, point: str, result: GenerationResult, baseline: GenerationResult | None,
                     call: dict) -> dict:
+        ran = dict(self.generators)[point]  # its engines' attention and int8 scheme, as of this call
         out = {
             "id": row["id"],
             "reference": row.get("reference"),
@@ -149,6 +170,8 @@ class DecodeStage:
             "worker": self.worker,
             "engine": self.generators[0][1].engine_kind,
             "quantize": self.generators[0][1].quantize,
+            "attention": ran.attention_path,
+            "int8_scheme": ran.int8_scheme,
             **call,
         }
         if baseline is not None:

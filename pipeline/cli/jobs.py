@@ -45,18 +45,23 @@ def load_job_or_exit(job_file: str, overrides):
 
 def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     """Run func; input that cannot be used at all (duplicate ids, existing output, a small and large model
-    that do not fit together) exits with code 2; an output file that cannot be read (and is not a torn
-    write) stops the job with its message and code 1."""
+    that do not fit together, a resume under other settings, an output another run holds, a job larger
+    than the cluster) exits with code 2; an output file that cannot be read (and is not a torn write)
+    stops the job with its message and code 1."""
     from pipeline.decoding import IncompatiblePairError
+    from pipeline.io.lease import OutputLeaseError, OutputStoreError
     from pipeline.io.storage import InputError, OutputReadError
+    from pipeline.jobs.cluster_fit import ClusterTooSmallError
+    from pipeline.jobs.fingerprint import ResumeMismatchError
     from pipeline.jobs.run import EngineError, OutputExistsError
 
     try:
         return func(*args, **kwargs)
-    except (InputError, OutputExistsError, IncompatiblePairError, EngineError) as exc:
+    except (InputError, OutputExistsError, IncompatiblePairError, EngineError, ResumeMismatchError,
+            OutputLeaseError, ClusterTooSmallError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)
         sys.exit(2)
-    except OutputReadError as exc:
+    except (OutputReadError, OutputStoreError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)
         sys.exit(1)
 
@@ -95,12 +100,16 @@ def report(run_path, baseline, out_dir, task, storage_options, address, verbose)
     Reads the run's Parquet files directly (local or any fsspec URL); no cluster is needed."""
     from pathlib import Path
 
-    from pipeline.jobs.load import parse_override
+    from pipeline.jobs.load import JobFileError, parse_override
     from pipeline.jobs.report import build_report, result_line, write_report
 
     options = {}
     for item in storage_options:
-        path, value = parse_override(item)
+        try:
+            path, value = parse_override(item, flag="--storage-option", secret=True,
+                                         example="endpoint_url=http://...")
+        except JobFileError as exc:
+            raise click.UsageError(str(exc)) from exc
         options[".".join(path)] = value
     if out_dir is None:
         out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"

@@ -237,6 +237,18 @@ class Engine(ABC):
         self.kernel_seconds = 0.0  # of forward_seconds: inside the runtime's one call (onnxruntime's), if any
         self.call_cost = CallCost()
 
+    @property
+    def attention_path(self) -> str:
+        """Which attention computes this engine's steps (the output's ``attention`` column): "model", the
+        model's own as the engine runs it; the onnx engine says "kernel" (decode_attention.c) or
+        "onnxruntime" (its attention ops)."""
+        return "model"
+
+    @property
+    def int8_scheme(self) -> str | None:
+        """How this engine multiplies in int8 (the output's ``int8_scheme`` column), None where it does not."""
+        return None
+
     # --- the four verbs ---------------------------------------------------------------------------
 
     def admit(self, slots: Sequence[int], input_ids: Sequence[torch.Tensor], encoded: torch.Tensor | None = None):

@@ -66,6 +66,7 @@ class Generator:
     def __init__(self, pair: ModelPair, config: DecodingConfig):
         self.pair = pair
         self.config = config
+        self._slots = 1  # the slots of the engines the last decode ran on (its batch size; 1 before any)
 
     @property
     def engine_kind(self) -> str:
@@ -74,6 +75,24 @@ class Generator:
     @property
     def quantize(self) -> str:
         return self.pair.quantize
+
+    @property
+    def attention_path(self) -> str:
+        """What the output's attention column says ran: Engine.attention_path of the engines the last
+        decode ran on ("small:... large:..." where the two differ)."""
+        return self._engines_say("attention_path")
+
+    @property
+    def int8_scheme(self) -> str | None:
+        """What the output's int8_scheme column says ran: Engine.int8_scheme of those engines."""
+        return self._engines_say("int8_scheme")
+
+    def _engines_say(self, name: str):
+        roles = [role for role, other in (("small", "large"), ("large", "small")) if self.config.method != other]
+        said = {role: getattr(self.pair.engine(role, self._slots), name) for role in roles}
+        if len(set(said.values())) == 1:
+            return next(iter(said.values()))
+        return " ".join(f"{role}:{value}" for role, value in said.items())
 
     def encode(self, text: object) -> tuple[torch.Tensor, bool]:
         """Token ids [1, S] for one input, truncated to max_input_tokens, and whether it was cut."""
@@ -125,6 +144,7 @@ class Generator:
         seeds = list(seeds) if seeds is not None else [self.config.seed] * len(texts)
         if batch is None or batch.batch_size == 1 or len(texts) <= 1:
             return [self.generate_one(text, seed) for text, seed in zip(texts, seeds)]
+        self._slots = batch.batch_size
         return self._generate_batch(texts, seeds, batch)
 
     def _generate_batch(self, texts: Sequence[object], seeds: list[int], batch: BatchPolicy) -> list[GenerationResult]:
@@ -152,4 +172,5 @@ class Generator:
     def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
         """Run the configured method on token ids [1, S] (encoders included): the scheduler with one row."""
         seed = self.config.seed if seed is None else seed
+        self._slots = ONE_AT_A_TIME.batch_size
         return decode_batch(self.pair, self.config, ONE_AT_A_TIME, [BatchRequest(input_ids[0], seed)])[0]

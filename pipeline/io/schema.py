@@ -30,6 +30,10 @@ OUTPUT_SCHEMA = pa.schema(
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)
         ("engine", pa.string()),  # the engine that ran the models: "native", "hf", "onnx" or "ct2"
         ("quantize", pa.string()),  # how its weights were multiplied: "none" or "int8" (models.quantize)
+        # What ran, as its engines say (Engine.attention_path, Engine.int8_scheme): "model", or the onnx
+        # engine's "kernel" or "onnxruntime"; the int8 scheme (e.g. "fbgemm-int8-per-channel"), null in float.
+        ("attention", pa.string()),
+        ("int8_scheme", pa.string()),
         # The actor call that decoded the row: when it began (Unix seconds) and how long its decoding
         # took, report.baseline's passes excluded. Every row of a call carries the same two values;
         # the union of a worker's calls is its busy time.

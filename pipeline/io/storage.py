@@ -242,6 +242,21 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
     return pa.concat_tables(tables)
 
 
+def first_row_per_key(table: pa.Table, keys: list[str]) -> tuple[pa.Table, int]:
+    """(the table with only the first row of each key, the number of later rows left out): a writer
+    task that Ray retried can leave a second row for an id."""
+    import pyarrow.compute as pc
+
+    if not table.num_rows:
+        return table, 0
+    order = pa.array(range(table.num_rows), pa.int64())
+    firsts = table.select(keys).append_column("_order", order).group_by(keys, use_threads=False).aggregate(
+        [("_order", "min")])["_order_min"]
+    if len(firsts) == table.num_rows:
+        return table, 0
+    return table.take(pc.take(firsts, pc.sort_indices(firsts))), table.num_rows - len(firsts)
+
+
 def write_manifest(fs: fsspec.AbstractFileSystem, path: str, manifest: dict) -> None:
     fs.makedirs(path, exist_ok=True)
     with fs.open(posixpath.join(path, MANIFEST), "w") as handle:

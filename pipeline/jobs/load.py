@@ -26,31 +26,33 @@ def _hides_value(path: list[str], raw: str = "") -> bool:
     return any(part == "storage_options" or is_secret_key(part) for part in [*path, *re.findall(r"\w+", raw)])
 
 
-def _shown(path: list[str], raw: str) -> str:
+def _shown(path: list[str], raw: str, flag: str = "--set", secret: bool = False) -> str:
     """``--set 'KEY.PATH=VALUE'`` as an error message may show it: the value only unless ``_hides_value``."""
-    value = REDACTED if _hides_value(path, raw) else raw
-    return f"--set {'.'.join(path) + '=' + value!r}"
+    value = REDACTED if secret or _hides_value(path, raw) else raw
+    return f"{flag} {'.'.join(path) + '=' + value!r}"
 
 
-def parse_override(assignment: str) -> tuple[list[str], object]:
+def parse_override(assignment: str, flag: str = "--set", secret: bool = False,
+                   example: str = "decoding.method=large") -> tuple[list[str], object]:
     """``decoding.method=large`` -> (["decoding", "method"], "large"); the value is read as YAML.
 
-    Errors name the key path but never echo a value that may be a secret (see ``_hides_value``)."""
+    Errors name the option (``flag``) and the key path but never echo a value that may be a secret (see
+    ``_hides_value``; every value where ``secret``, as for storage options)."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         # Show the key path it starts with ("input.storage_options.secret" of "...secret:x"), and the rest
         # only where it cannot be a secret (not after "=", nothing that _hides_value).
         named = _KEY_PATH.match(assignment.strip()).group()
         shown = assignment
-        if (sep or _hides_value(named.split("."), assignment)) and named != assignment.strip():
+        if (sep or secret or _hides_value(named.split("."), assignment)) and named != assignment.strip():
             shown = f"{named}..."
-        raise JobFileError(f"--set {shown!r}: expected KEY.PATH=VALUE, e.g. decoding.method=large")
+        raise JobFileError(f"{flag} {shown!r}: expected KEY.PATH=VALUE, e.g. {example}")
     path = key.strip().split(".")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        detail = "not shown: it may hold a secret" if _hides_value(path, raw) else str(exc)
-        raise JobFileError(f"{_shown(path, raw)}: the value is not valid YAML ({detail})") from exc
+        detail = "not shown: it may hold a secret" if secret or _hides_value(path, raw) else str(exc)
+        raise JobFileError(f"{_shown(path, raw, flag, secret)}: the value is not valid YAML ({detail})") from exc
     return path, value
 
 

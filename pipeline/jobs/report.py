@@ -252,6 +252,7 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         "decoding": job.get("decoding"),
         "config_hash": (manifest or {}).get("config_hash"),
         **run_summary(numeric, _wall_seconds(manifest)),
+        "duplicate_rows_skipped": rows.duplicate_rows,
     }
     scores, scored = run_quality(rows, task)
     summary["quality"] = {"rows_scored": scored, "rows_without_reference": summary["records"]["total"]
@@ -282,7 +283,9 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
              f"config {summary.get('config_hash')}", "", "## Records", ""]
     records = summary["records"]
     lines += [f"{records['total']} records: {records['ok']} decoded, {records['errors']} errors, "
-              f"{records['with_reference']} with a reference.", "", "## Throughput and latency", "",
+              f"{records['with_reference']} with a reference."
+              + (f" {summary['duplicate_rows_skipped']} duplicate row(s) of ids already counted (a retried write) "
+                 "skipped." if summary.get("duplicate_rows_skipped") else ""), "", "## Throughput and latency", "",
               "| measure | value |", "|---|---|"]
     throughput = summary["throughput"]
     for key, value in throughput.items():

@@ -3,7 +3,9 @@
 Resume is done by hand (see docs/jobs.md): the output directory itself is the checkpoint. Before
 decoding, the ids already present in readable output files are skipped; a file cut off by a
 crash is unreadable, so it is removed and its records are decoded again. Each output file is
-written whole by one write task, so every id ends up exactly once.
+written whole by one write task; a write task Ray retried can leave a second row for an id, which
+the resume, the summary and the report skip and count. One run at a time holds an output (its
+lease), and a resume under settings that would change the rows is refused (fingerprint.py).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import logging
 import math
 import os
 import platform
+import posixpath
 import time
-from dataclasses import asdict, dataclass
 from importlib import metadata
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.io.schema import STATS_COLUMNS
+from pipeline.io.lease import LEASE, OutputLease
 from pipeline.io.storage import (
     arrow_filesystem,
     data_path,
@@ -31,22 +33,20 @@ from pipeline.io.storage import (
     output_filesystem,
     output_files,
     read_manifest,
-    read_output_table,
     read_ids,
     read_records,
     write_manifest,
 )
 from pipeline.decoding.config import DecodingConfig
+from pipeline.jobs.cluster_fit import check_cluster_fits
 from pipeline.jobs.console import Progress, quiet_ray
+from pipeline.jobs.fingerprint import check_resume, decisive_settings, models_content
+from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
-from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
+from pipeline.in_flight import in_flight_registry
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)
-
-# What the job's closing summary reads.
-SUMMARY_COLUMNS = ["id", "error", "engine", "quantize", "worker", "call_started_at", "call_seconds", *STATS_COLUMNS]
-
 
 class OutputExistsError(ValueError):
     """output.mode is "error" and the output path already holds results."""
@@ -54,69 +54,6 @@ class OutputExistsError(ValueError):
 
 class EngineError(ValueError):
     """The job names an engine that cannot run it here (a package missing, a method it lacks)."""
-
-
-@dataclass
-class RunSummary:
-    job_name: str
-    output_path: str
-    records_in_input: int
-    records_in_output: int
-    decoded_now: int
-    skipped_existing: int
-    errors_now: int
-    output_tokens_now: int
-    wall_seconds: float
-    small_share: float
-    fallbacks_per_100_tokens: float
-    rollbacks_per_100_tokens: float
-    engines: list[str]  # what ran the models this run ("native", "hf"); from the output's engine column
-    quantized: list[str] = dataclasses.field(default_factory=list)  # "int8" where models.quantize was
-    # Decoding alone: this run's output tokens per second of each actor's busy time (the union of its
-    # calls), summed over the actors, and their mean busy seconds.
-    decoding_tokens_per_second: float = 0.0
-    actors_busy_seconds: float = 0.0
-    actors: int = 0
-    # End to end, from the job's start (Ray, reading the input, loading the models included); start-up
-    # is the time until the first actor call began decoding.
-    end_to_end_seconds: float = 0.0
-    startup_seconds: float | None = None
-    # Cascade runs: the share of drafted positions whose deferral rule deferred (None without any).
-    deferral_share: float | None = None
-    plain_step_share: float = 0.0  # of the large model's calls, made without drafting (decoding.adaptive_draft)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.output_tokens_now / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def to_text(self) -> str:
-        return "\n".join(
-            [
-                f"job {self.job_name}: {self.records_in_output}/{self.records_in_input} records in {self.output_path}",
-                f"  this run: {self.decoded_now} decoded ({self.errors_now} errors), "
-                f"{self.skipped_existing} already done and skipped, {self.wall_seconds:.1f} s",
-                f"  throughput: decoding {self.decoding_tokens_per_second:.1f} output tokens/s on {self.actors} "
-                f"actor(s) (busy {self.actors_busy_seconds:.1f} s each on average); end to end "
-                f"{self._per_second(self.output_tokens_now):.1f} output tokens/s, "
-                f"{self._per_second(self.decoded_now):.2f} records/s ({self.end_to_end_seconds:.1f} s"
-                + (f", of which {self.startup_seconds:.1f} s start-up" if self.startup_seconds is not None else "")
-                + ")",
-                f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
-                f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
-                f"rollbacks per 100 tokens"
-                + (f"; {100 * self.deferral_share:.1f}% of drafted positions deferred" if self.deferral_share else "")
-                + (f"; {100 * self.plain_step_share:.1f}% of large-model steps without drafting"
-                   if self.plain_step_share else ""),
-                f"  engine: {', '.join(self.engines) or 'none'}"
-                + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
-            ]
-        )
-
-    def _per_second(self, count: int) -> float:
-        return count / self.end_to_end_seconds if self.end_to_end_seconds > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
 
 
 def _versions() -> dict[str, str]:
@@ -203,7 +140,7 @@ def _check_pair_early(job: JobConfig) -> None:
 Points = tuple[tuple[str, DecodingConfig], ...]
 
 
-def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> DecodeStageSpec:
+def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array, in_flight: str) -> DecodeStageSpec:
     """The actors' spec; a job with report.baseline also decodes its first baseline_records records
     with that method (never a sweep: its grid holds `large` and `small` already)."""
     baseline = None if sweep or job.report.baseline is None else (
@@ -222,6 +159,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array) -> D
         baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
         baseline_engine=job.report.baseline_engine if baseline else None,
         task=job.task,
+        in_flight_registry=in_flight,
     )
 
 
@@ -255,6 +193,9 @@ def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None):
     A job's record is done when its id is in the output; a sweep's when every point of it is."""
     if point_names is None:
         done = existing_rows(fs, path, ["id"])["id"]
+        if len(done) > len(done.unique()):
+            log.warning("%d duplicate row(s) of ids already in %s (a retried write): each id counts once",
+                        len(done) - len(done.unique()), path)
         return pc.filter(ids, pc.invert(pc.is_in(ids, value_set=done.unique()))), {}
     pairs = existing_rows(fs, path, ["id", "point"]).to_pylist()
     by_id: dict[str, set[str]] = {}
@@ -271,19 +212,41 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
             progress: bool = False) -> RunSummary:
     """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
     under every point by the same actor and the output rows carry a ``point`` column. ``progress``
-    prints one progress line while it decodes; ``verbose`` lets Ray's own output through."""
+    prints one progress line while it decodes; ``verbose`` lets Ray's own output through.
+
+    The run holds the output's lease (io/lease.py) from before it reads the output until it is done."""
     job_started = time.time()  # Unix seconds, as the rows' call_started_at
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
     _check_engines(job, points)
     _check_pair_early(job)  # before anything is read, removed or started
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
+    with OutputLease(out_fs, out_path, url=job.output.path):
+        return _run_holding_the_lease(job, address, points, sweep, out_fs, out_path, verbose=verbose,
+                                      progress=progress, job_started=job_started)
+
+
+def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, out_fs, out_path: str, *,
+                           verbose: bool, progress: bool, job_started: float) -> RunSummary:
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
-    if job.output.mode == "overwrite" and out_fs.exists(out_path):
-        out_fs.rm(out_path, recursive=True)
+    if job.output.mode == "overwrite":
+        _clear_output(out_fs, out_path)
+    previous = read_manifest(out_fs, out_path) or {}
+    manifest = {
+        "job": job.redacted(),
+        "config_hash": job.config_hash(),
+        "decisive_settings": decisive_settings(job),
+        "models_content": models_content(job),
+    }
+    if job.output.mode == "resume":
+        check_resume(previous, manifest, job.output.path)  # before Ray starts or any torn file is removed
 
+    import ray
+
+    embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
     connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
+    check_cluster_fits(job.compute, wait_seconds=0 if embedded else None)  # no autoscaler grows an embedded Ray
     listing = input_files(job.input)  # one listing: the ids are those of the records decoded
     records = read_records(job.input, listing)  # lazy: Ray Data reads it while the actors decode
     all_ids = read_ids(job.input, listing)
@@ -293,16 +256,9 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     else:
         todo, partial = ids, {}
 
-    previous = read_manifest(out_fs, out_path) or {}
     attempt = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(), "to_decode": len(todo)}
-    manifest = {
-        "job": job.redacted(),
-        "config_hash": job.config_hash(),
-        "status": "running",
-        "versions": _versions(),
-        "cluster": _cluster_info(),
-        "attempts": [*previous.get("attempts", []), attempt],
-    }
+    manifest.update(status="running", versions=_versions(), cluster=_cluster_info(),
+                    attempts=[*previous.get("attempts", []), attempt])
     if sweep:
         manifest["sweep_points"] = {name: config.to_dict() for name, config in points}
     write_manifest(out_fs, out_path, manifest)
@@ -315,9 +271,9 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
             # block) and flush output regularly; a block never exceeds output.rows_per_file.
             block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
             selected = selected.repartition(target_num_rows_per_block=block_rows)
-            spec = _stage_spec(job, points, sweep, ids)
             watch = Progress(out_fs, out_path, len(todo) * len(points)) if progress else contextlib.nullcontext()
-            with watch:
+            with in_flight_registry() as registry, watch:
+                spec = _stage_spec(job, points, sweep, ids, registry)
                 decode_dataset(selected, job, spec, partial).write_parquet(
                     data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
                 )
@@ -335,35 +291,10 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     return summary
 
 
-def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float,
-              job_started: float | None = None) -> RunSummary:
-    table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
-    now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
-    totals = decode_totals(now)
-    calls = actor_calls(now) if now.num_rows else {}
-    busy = {worker: busy_seconds(found) for worker, found in calls.items()}
-    first_call = pc.min(now["call_started_at"]).as_py() if now.num_rows else None
-    job_started = job_started if job_started is not None else time.time() - wall_seconds
-    return RunSummary(
-        job_name=job.name,
-        output_path=job.output.path,
-        records_in_input=records_in_input,
-        records_in_output=pc.count_distinct(table["id"]).as_py() if table.num_rows else 0,
-        decoded_now=pc.count_distinct(now["id"]).as_py() if now.num_rows else 0,
-        skipped_existing=records_in_input - len(decoded),
-        errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
-        output_tokens_now=totals.output_tokens,
-        wall_seconds=wall_seconds,
-        small_share=totals.small_token_share,
-        fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
-        rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
-        engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
-        decoding_tokens_per_second=decoding_rate(calls),
-        actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
-        actors=len(busy),
-        end_to_end_seconds=time.time() - job_started,
-        startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
-        quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
-        deferral_share=totals.deferral_share if totals.deferrals else None,
-        plain_step_share=totals.plain_step_share,
-    )
+def _clear_output(fs, path: str) -> None:
+    """output.mode overwrite: remove what the output folder holds, except the lease this run holds."""
+    if not fs.exists(path):
+        return
+    for entry in fs.ls(path, detail=False):
+        if posixpath.basename(entry.rstrip("/")) != LEASE:
+            fs.rm(entry, recursive=True)

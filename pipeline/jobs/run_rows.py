@@ -4,13 +4,18 @@ Reports and sweeps read a run that is already written, so they need no cluster: 
 decoding. The run may be on local disk or behind any fsspec URL (S3, GCS, ...). Its files were
 written by several attempts and may differ in columns (an older run lacks a newer counter); the
 dataset's schema is the union of theirs, and a column a file lacks reads as nulls there.
+
+Each id (each id and sweep point) counts once: a writer task that Ray retried can leave a second row
+for an id. The first row in file order is kept, the others skipped and counted (duplicate_rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from pipeline.io.storage import arrow_filesystem, data_path, output_filesystem, output_files, read_manifest
@@ -30,6 +35,10 @@ class RunRows:
         first_pass = pads.dataset(files, format="parquet", filesystem=filesystem)
         schema = pa.unify_schemas([fragment.physical_schema for fragment in first_pass.get_fragments()])
         self.dataset = pads.dataset(files, format="parquet", filesystem=filesystem, schema=schema)
+        self.duplicate_rows = 0
+        keys = [key for key in ("id", "point") if key in schema.names]
+        if "id" in keys:
+            self.dataset, self.duplicate_rows = _without_later_rows(self.dataset, keys)
         self.manifest = read_manifest(fs, path)
 
     @property
@@ -49,6 +58,36 @@ class RunRows:
         for batch in self.dataset.to_batches(columns=list(columns), filter=where, batch_size=BATCH_ROWS):
             if batch.num_rows:
                 yield pa.Table.from_batches([batch])
+
+
+def _without_later_rows(dataset: pads.FileSystemDataset, keys: list[str]) -> tuple[pads.Dataset, int]:
+    """(the dataset with only the first row of each key, the number of rows left out). Files without a
+    later row stay on disk; the few with one are read and filtered in memory."""
+    fragments = list(dataset.get_fragments())
+    parts = []
+    for number, fragment in enumerate(fragments):
+        table = fragment.to_table(columns=keys, schema=dataset.schema)
+        parts.append(table.append_column("_file", pa.array(np.full(table.num_rows, number, np.int64))))
+    everything = pa.concat_tables(parts)
+    everything = everything.append_column("_order", pa.array(np.arange(everything.num_rows, dtype=np.int64)))
+    firsts = everything.group_by(keys, use_threads=False).aggregate([("_order", "min")])["_order_min"]
+    later = pc.invert(pc.is_in(everything["_order"], value_set=firsts))
+    if not pc.any(later).as_py():
+        return dataset, 0
+    start = 0
+    whole, filtered = [], []
+    for number, fragment in enumerate(fragments):
+        rows = fragment.count_rows()
+        keep = pc.invert(later.slice(start, rows))
+        start += rows
+        if pc.all(keep).as_py():
+            whole.append(fragment.path)
+        else:
+            filtered.append(fragment.to_table(schema=dataset.schema).filter(keep))
+    parts = [pads.dataset(filtered, schema=dataset.schema)]
+    if whole:
+        parts.insert(0, pads.dataset(whole, format="parquet", filesystem=dataset.filesystem, schema=dataset.schema))
+    return pads.dataset(parts), int(pc.sum(later).as_py())
 
 
 def read_run(run_path: str, storage_options: dict | None = None) -> RunRows:

@@ -6,8 +6,6 @@ Unknown keys are errors (a typo must not be silently ignored), and every error n
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 from typing import Any, Literal
 
@@ -114,6 +112,10 @@ class DecodingSection(_Section):
 
     @model_validator(mode="after")
     def _settings_fit_together(self):
+        if self.method != "cascade":  # as DecodingConfig refuses lenience outside speculative
+            for key in ("deferral", "deferral_threshold"):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(f"decoding.{key} is the cascade method's; decoding.method is {self.method!r}")
         self.to_config()  # DecodingConfig's own checks (a deferral_threshold out of its rule's range, ...)
         return self
 
@@ -215,14 +217,10 @@ class JobConfig(_Section):
         return redact(self.model_dump())
 
     def config_hash(self) -> str:
-        """A short hash of what decides the outputs (input, prompt, models, decoding), secrets excluded."""
-        decisive = {key: self.redacted()[key] for key in ("task", "input", "prompt", "models", "decoding")}
-        decisive["input"] = {k: v for k, v in decisive["input"].items() if k not in ("limit", "storage_options")}
-        # The engine changes speed, not outputs (tests hold native, HF and CTranslate2 tokens equal), so it
-        # stays out, as does where CTranslate2 keeps its conversions.
-        decisive["models"] = {k: v for k, v in decisive["models"].items() if k not in ("engine", "ct2_cache")}
-        blob = json.dumps(decisive, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        """A short hash of every setting that decides the rows (pipeline/jobs/fingerprint.py), secrets excluded."""
+        from pipeline.jobs.fingerprint import settings_hash
+
+        return settings_hash(self)
 
 
 # Keys whose values are secrets: "key", "secret", "token", "aws_secret_access_key", "session_token",
@@ -236,12 +234,24 @@ def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.search(str(key).split(".")[-1]))
 
 
-def redact(value: Any) -> Any:
-    """Replace the values of secret-looking keys anywhere in a nested structure."""
+# Storage options shown as they are in run.json and printed configs: where the data lives, never how one
+# signs in. Every other storage option (aws_access_key_id, a token, a credentials file) is redacted.
+STORAGE_OPTIONS_SHOWN = frozenset({"endpoint_url", "endpoint", "region", "region_name", "profile", "profile_name",
+                                   "anon", "use_ssl", "client_kwargs"})
+
+
+def redact(value: Any, in_storage_options: bool = False) -> Any:
+    """Replace the values of secret-looking keys anywhere in a nested structure, and of every storage option
+    outside STORAGE_OPTIONS_SHOWN."""
     if isinstance(value, dict):
-        return {k: (REDACTED if is_secret_key(k) and v not in (None, "") else redact(v)) for k, v in value.items()}
+        shown = {}
+        for key, item in value.items():
+            hidden = (in_storage_options and key not in STORAGE_OPTIONS_SHOWN) or is_secret_key(key)
+            nested = in_storage_options or key == "storage_options"
+            shown[key] = REDACTED if hidden and item not in (None, "") else redact(item, nested)
+        return shown
     if isinstance(value, list):
-        return [redact(v) for v in value]
+        return [redact(item, in_storage_options) for item in value]
     return value
 
 

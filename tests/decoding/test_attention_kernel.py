@@ -1,22 +1,28 @@
 """The onnx engine's own attention (attention_kernel.py, decode_attention.c) and the step cut around it
 (onnx_segments.py). Its numerics and its invariants run in test_onnx_engine.py with either attention;
-here: the kernel against a plain torch reference, the cut step's plumbing, and a machine without a
-compiler."""
+here: the kernel against a plain torch reference, the cut step's plumbing, what the kernel refuses to
+be handed, how it is built (and that it builds wherever there is a compiler: a failure, not a skip), a
+machine without a compiler, and the output rows saying which attention and int8 scheme ran."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
+from pipeline.decoding import DecodingConfig, ModelSpec
 from pipeline.decoding.engine import Feed
-from pipeline.decoding.engines import attention_kernel, onnx_engine
+from pipeline.decoding.engines import attention_kernel, onnx_engine, onnx_sessions
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_segments import Attention
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.decoding.models import native_weights
+from pipeline.stage import DecodeStage, DecodeStageSpec
 from support.native_models import build
 
 ROWS, WIDTH, HEADS, DK, CAPACITY, SOURCES = 3, 4, 2, 24, 16, 7
@@ -30,12 +36,46 @@ def reference(query, keys, values, scale, bias=None):
     return torch.softmax(scores, dim=0) @ values.double()
 
 
+def compiler_here() -> str | None:
+    """The compiler the kernel's builder uses, where it is on this machine (None: no compiler)."""
+    command = attention_kernel.compiler()
+    return command if command and shutil.which(command) else None
+
+
 @pytest.fixture(scope="module")
 def kernel():
+    """The kernel the engines run; a skip only where there is no compiler (a build that fails fails)."""
+    if compiler_here() is None:
+        pytest.skip("no C compiler here: the engine runs onnxruntime's attention (tested below)")
+    if os.environ.get("BILD_ATTENTION_KERNEL") == "0":
+        pytest.skip("BILD_ATTENTION_KERNEL=0 turns the kernel off")
     built = attention_kernel.kernel()
     if built is None:
-        pytest.skip("no C compiler here: the engine runs onnxruntime's attention (tested below)")
+        attention_kernel.build()  # raises BuildError with the compiler's message
+        pytest.fail("attention_kernel.kernel() is None where the kernel builds")
     return built
+
+
+def test_the_kernel_builds_wherever_there_is_a_compiler():
+    """Fails, not skips, where a compiler is present and decode_attention.c does not build with it."""
+    command = compiler_here()
+    if command is None:
+        pytest.skip("no C compiler on this machine")
+    built = attention_kernel.build(command)  # BuildError: the compiler's message
+    assert isinstance(built, attention_kernel.DecodeAttention)
+
+
+def test_it_is_built_without_contraction_and_a_change_of_flags_builds_anew():
+    """-ffp-contract=off (clang fuses a * b + c by default: nodes would decode a record differently), the
+    -O flags kept; the library is kept under its compiler, flags and source."""
+    flags = attention_kernel.FLAGS
+    assert "-ffp-contract=off" in flags and "-O3" in flags and not any("fast-math" in flag for flag in flags)
+    key = attention_kernel.build_key("cc", flags)
+    assert key == attention_kernel.build_key("cc", flags)
+    assert key != attention_kernel.build_key("cc", tuple(flag for flag in flags if flag != "-ffp-contract=off"))
+    assert key != attention_kernel.build_key("clang", flags)
+    if compiler_here() is not None:
+        assert attention_kernel.build().flags == flags
 
 
 def test_self_attention_writes_the_fed_keys_and_attends_causally(kernel):
@@ -118,15 +158,97 @@ def test_each_row_reads_and_writes_its_own_slot(kernel):
     torch.testing.assert_close(torch.from_numpy(together["cross"][0, 0, :DK]).double(), want, atol=1e-5, rtol=0)
 
 
-def test_arrays_it_cannot_read_are_refused(kernel):
-    cache = np.zeros((1, CAPACITY, HEADS, DK), dtype=np.float32)
-    with pytest.raises(ValueError, match="C-contiguous float32 or int32"):
-        kernel.cross_attention(np.zeros((1, 1, HEADS * DK)), cache, cache, np.zeros(1, np.int32), np.ones(1, np.int32),
-                               np.ones(1, np.int32), 1.0, np.zeros((1, 1, HEADS * DK), np.float32))  # float64 query
-    with pytest.raises(ValueError, match="C-contiguous"):
-        kernel.cross_attention(np.zeros((1, 1, HEADS * DK), np.float32), cache[:, ::2], cache[:, ::2],
-                               np.zeros(1, np.int32), np.ones(1, np.int32), np.ones(1, np.int32), 1.0,
-                               np.zeros((1, 1, HEADS * DK), np.float32))
+def self_arrays(rows=2, width=2, slots=3):
+    """A self-attention call's arguments, every one as the kernel takes it (names as its binding's)."""
+    inner = HEADS * DK
+    return dict(qkv=np.zeros((rows, width, 3 * inner), np.float32),
+                cache_k=np.ones((slots, CAPACITY, HEADS, DK), np.float32),
+                cache_v=np.ones((slots, CAPACITY, HEADS, DK), np.float32),
+                slots=np.arange(rows, dtype=np.int32), positions=np.zeros(rows, np.int32),
+                counts=np.ones(rows, np.int32), bias=None, scale=0.5,
+                out=np.full((rows, width, inner), np.nan, np.float32))
+
+
+def cross_arrays(rows=2, width=2, slots=3):
+    inner = HEADS * DK
+    return dict(query=np.zeros((rows, width, inner), np.float32),
+                cross_k=np.ones((slots, SOURCES, HEADS, DK), np.float32),
+                cross_v=np.ones((slots, SOURCES, HEADS, DK), np.float32),
+                slots=np.arange(rows, dtype=np.int32), lengths=np.full(slots, SOURCES, np.int32),
+                counts=np.ones(rows, np.int32), scale=1.0, out=np.full((rows, width, inner), np.nan, np.float32))
+
+
+@pytest.mark.parametrize("kind, name, value, error, message", [
+    ("self", "positions", np.zeros(2, np.float32), TypeError, "`positions` must be int32, got float32"),
+    ("self", "slots", np.zeros(2, np.int64), TypeError, "`slots` must be int32, got int64"),
+    ("self", "qkv", np.zeros((2, 2, 3 * HEADS * DK)), TypeError, "`qkv` must be float32, got float64"),
+    ("self", "cache_v", torch.zeros(3, CAPACITY, HEADS, DK), TypeError, "`cache_v` must be a numpy array"),
+    ("self", "counts", np.ones(3, np.int32), ValueError, r"`counts` must be of shape \[2\], got \[3\]"),
+    ("self", "cache_v", np.ones((3, CAPACITY + 1, HEADS, DK), np.float32), ValueError, "`cache_v` must be of shape"),
+    ("self", "out", np.zeros((2, 2, HEADS * DK + 1), np.float32), ValueError, "`out` must be of shape"),
+    ("self", "bias", np.zeros((2, HEADS, 1, CAPACITY), np.float32), ValueError, "`bias` must have at least W = 2"),
+    ("self", "bias", np.zeros((2, HEADS, 3, CAPACITY - 1), np.float32), ValueError, "`bias` must be of shape"),
+    ("self", "cache_k", np.ones((3, 2 * CAPACITY, HEADS, DK), np.float32)[:, ::2], ValueError,
+     "`cache_k` must be C-contiguous"),
+    ("self", "positions", np.zeros(4, np.int32)[::2], ValueError, "`positions` must be C-contiguous"),
+    ("cross", "lengths", np.ones(2, np.int32), ValueError, r"`lengths` must be of shape \[3\]"),
+    ("cross", "query", np.zeros((2, 2, HEADS * DK), np.float16), TypeError, "`query` must be float32"),
+    ("cross", "cross_k", np.ones((3, 2 * SOURCES, HEADS, DK), np.float32)[:, 1::2], ValueError,
+     "`cross_k` must be C-contiguous"),
+])
+def test_arrays_it_cannot_read_are_refused_naming_them(kernel, kind, name, value, error, message):
+    arrays = self_arrays() if kind == "self" else cross_arrays()
+    arrays[name] = value
+    with pytest.raises(error, match=message):
+        getattr(kernel, f"{kind}_attention")(**arrays)
+
+
+def test_a_cache_written_in_place_must_be_writable(kernel):
+    arrays = self_arrays()
+    arrays["cache_k"].flags.writeable = False
+    with pytest.raises(ValueError, match="`cache_k` is written in place"):
+        kernel.self_attention(**arrays)
+
+
+@pytest.mark.parametrize("name, values, message", [
+    ("slots", [0, 3], r"`slots`\[1\] = 3 is not one of the caches' 3 slots"),
+    ("slots", [-1, 0], r"`slots`\[0\] = -1 is not one of"),
+    ("counts", [3, 1], r"`counts`\[0\] = 3 is outside 0..2"),
+    ("counts", [1, -1], r"`counts`\[1\] = -1 is outside"),
+    ("positions", [0, CAPACITY - 1], rf"`positions`\[1\] \+ `counts`\[1\] = {CAPACITY - 1} \+ 2 is outside "
+                                     rf"0..{CAPACITY}"),
+    ("positions", [-1, 0], r"`positions`\[0\] \+ `counts`\[0\] = -1 \+ 2"),
+])
+def test_a_row_outside_the_caches_is_refused_before_anything_is_written(kernel, name, values, message):
+    """The values change every step, after the call is bound: the C code checks each row's slot, count
+    and position + count against the arrays before it writes, and the call raises naming the argument."""
+    arrays = self_arrays()
+    arrays["counts"][:] = 2
+    arrays["qkv"][:] = 7.0  # what a call would write into the caches
+    arrays[name][:] = values
+    call = kernel.self_attention(**arrays)
+    with pytest.raises(ValueError, match=message):
+        call()
+    assert (arrays["cache_k"] == 1).all() and (arrays["cache_v"] == 1).all() and np.isnan(arrays["out"]).all()
+    arrays[name][:] = self_arrays()[name] if name != "counts" else 2  # the same bound call, rows in range
+    call()
+    assert (arrays["cache_k"][:2, :2] == 7).all() and not np.isnan(arrays["out"]).any()
+
+
+@pytest.mark.parametrize("name, values, message", [
+    ("slots", [0, 5], r"`slots`\[1\] = 5 is not one of the caches' 3 slots"),
+    ("counts", [0, 3], r"`counts`\[1\] = 3 is outside 0..2"),
+    ("lengths", [SOURCES, SOURCES + 1, 0], rf"`lengths`\[1\] = {SOURCES + 1} \(row 1's slot\) is outside "
+                                           rf"0..{SOURCES}"),
+    ("lengths", [-2, 1, 1], r"`lengths`\[0\] = -2 \(row 0's slot\)"),
+])
+def test_a_cross_attention_row_outside_its_arrays_is_refused(kernel, name, values, message):
+    arrays = cross_arrays()
+    arrays[name][:] = values
+    call = kernel.cross_attention(**arrays)
+    with pytest.raises(ValueError, match=message):
+        call()
+    assert np.isnan(arrays["out"]).all()
 
 
 @pytest.mark.parametrize("name", ["t5-v1.1", "bart"])
@@ -159,10 +281,18 @@ def test_without_a_compiler_the_engine_keeps_onnxruntimes_attention(monkeypatch,
     try:
         with caplog.at_level(logging.WARNING, logger="pipeline.decoding.engines.attention_kernel"):
             assert attention_kernel.kernel() is None
-        assert "did not build" in caplog.text
+            assert attention_kernel.kernel() is None
+        warnings = [record.getMessage() for record in caplog.records]
+        assert len(warnings) == 1, warnings  # once, naming why and what runs instead
+        assert "did not build (/nonexistent/cc" in warnings[0] and "onnxruntime's attention ops instead" in warnings[0]
+        monkeypatch.delenv("CC")
+        monkeypatch.setenv("PATH", "/nonexistent")
+        with pytest.raises(attention_kernel.BuildError, match="no C compiler"):
+            attention_kernel.build()
         weights = native_weights(build("t5-v1.0"))
         sessions = OnnxSessions(weights)
-        assert OnnxEngine(weights, sessions, onnx_engine.KERNEL_FROM_SLOTS).attention == "onnxruntime"
+        engine = OnnxEngine(weights, sessions, onnx_engine.KERNEL_FROM_SLOTS)
+        assert engine.attention == engine.attention_path == "onnxruntime"
         with pytest.raises(ValueError, match="did not build here"):
             OnnxEngine(weights, sessions, 1, attention="kernel")
     finally:
@@ -180,9 +310,43 @@ def test_engines_of_enough_slots_run_the_kernel(kernel):
 
 
 def test_a_step_over_a_slot_outside_the_caches_is_refused(kernel):
-    """The kernel writes where a row's slot says, unchecked: the engine refuses a slot it does not hold
+    """The kernel refuses a slot outside its caches (above), and the engine first refuses one it does not hold
     (a negative one passes Engine.forward's length check) before the kernel runs."""
     weights = native_weights(build("bart"))
     engine = OnnxEngine(weights, OnnxSessions(weights), onnx_engine.KERNEL_FROM_SLOTS, attention="kernel")
     with pytest.raises(ValueError, match="distinct slots among 4"):
         engine.forward(Feed([-1], torch.tensor([[5]]), [0], [1], [1]))
+
+
+@pytest.mark.parametrize("batch_size, attention", [(1, "onnxruntime"), (onnx_engine.KERNEL_FROM_SLOTS, "kernel")])
+def test_rows_say_which_attention_and_int8_scheme_ran(saved_tiny_pair, kernel, batch_size, attention):
+    """An onnx int8 job's rows, an unreadable one included: the engines' attention (ours from
+    KERNEL_FROM_SLOTS slots on) and int8 scheme (by blocks below ROWS_KERNEL_FROM_SLOTS)."""
+    small, large = saved_tiny_pair
+    config = DecodingConfig(method="bild", max_new_tokens=8, fallback_threshold=0.5)
+    records = pa.table({"id": ["a", "b", "c"], "text": ["Ein Hund.", "Die Sonne scheint.", "?"],
+                        "reference": ["x"] * 3, "input_error": [None, None, "unreadable"]})
+    spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu", engine="onnx", quantize="int8"),
+                           points=(("bild", config),), prompt=None, job_name="t", config_hash="h",
+                           batch_size=batch_size)
+    rows = DecodeStage(spec)(records).to_pylist()
+    assert [row["error"] for row in rows] == [None, None, "unreadable"]
+    assert {(row["engine"], row["quantize"], row["attention"], row["int8_scheme"]) for row in rows} == {
+        ("onnx", "int8", attention, onnx_sessions.INT8_SCHEMES["blocks"])}
+
+
+def test_engines_name_their_int8_scheme_truthfully():
+    """Each scheme string names what the code runs: onnx_graph's kernels (its block size), int8.py's."""
+    from pipeline.decoding.engines import int8, onnx_graph
+    from pipeline.decoding.engines.native import NativeEngine
+
+    assert set(onnx_sessions.INT8_SCHEMES) == set(onnx_graph.INT8_KERNELS)
+    assert f"block{onnx_graph.INT8_BLOCK}" in onnx_sessions.INT8_SCHEMES["blocks"]
+    weights = native_weights(build("bart"))
+    for kernel_name in onnx_graph.INT8_KERNELS:
+        assert OnnxEngine(weights, OnnxSessions(weights, "int8"), 1, kernel_name).int8_scheme == \
+            onnx_sessions.INT8_SCHEMES[kernel_name]
+    assert OnnxEngine(weights, OnnxSessions(weights), 1).int8_scheme is None
+    assert NativeEngine(weights, 1).int8_scheme is None and NativeEngine(weights, 1).attention_path == "model"
+    quantized = native_weights(build("bart"), "int8")
+    assert NativeEngine(quantized, 1).int8_scheme == int8.SCHEME

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from pipeline.io.schema import OUTPUT_SCHEMA, STATS_COLUMNS
 from pipeline.io.storage import data_path
-from pipeline.jobs.run import summarize
+from pipeline.jobs.run_summary import summarize
 from pipeline.jobs.schema import JobConfig
 from pipeline.metrics.summary import actor_calls, decoding_rate
 

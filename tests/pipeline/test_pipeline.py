@@ -259,7 +259,7 @@ def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
                                start_new_session=True)
     data_dir = tmp_path / "out" / "data"
     deadline = time.time() + 300  # Ray start-up and model loading are slow on a loaded 2-core machine
-    while time.time() < deadline and not (data_dir.exists() and any(data_dir.glob("*.parquet"))):
+    while time.time() < deadline and not (data_dir.exists() and _readable_rows(data_dir)):  # a whole file
         time.sleep(0.2)
     os.killpg(process.pid, signal.SIGKILL)  # the whole job: driver, its embedded Ray, the workers
     process.wait()

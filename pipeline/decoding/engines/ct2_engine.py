@@ -165,6 +165,15 @@ class CT2Generator:
         self.model = load_checkpoint(getattr(spec, config.method), spec, threads)
         self.tokenizer = self.model.tokenizer
 
+    attention_path = "model"  # the output's attention column: CTranslate2's own (as Engine.attention_path)
+
+    @property
+    def int8_scheme(self) -> str | None:
+        """The output's int8_scheme column: CTranslate2's compute type where it is int8 ("ctranslate2-int8",
+        or "ctranslate2-int8_float16" on a GPU), else None."""
+        compute_type = self.model.compute_type
+        return f"ctranslate2-{compute_type}" if compute_type.startswith("int8") else None
+
     def generate(self, texts: Sequence[object], seeds: Sequence[int] | None = None, batch=None) -> list[GenerationResult]:
         """One result per text, errors in their own rows: decoded in groups of `batch.batch_size` by
         input length (as CTranslate2 rebatches); each record's latency is its group's time. ``seeds``

@@ -14,13 +14,29 @@
    attention streams through a row's keys, then its values, once). Row a of a step is the engine's
    slot slots[a], read and written in place (no copy of a cache whatever slots a step runs over).
    Rows feed counts[a] <= W positions starting at position positions[a]; positions past a row's count,
-   and rows with none, are left zero. */
+   and rows with none, are left zero.
+
+   Both entry points check every row's indices before they write anything (a slot among the caches',
+   0 <= count <= W, 0 <= position and position + count <= C, a slot's source length <= S) and return
+   0, or what the first row that fails breaks: CHECK_* + CHECK_ROW * row (attention_kernel.py raises,
+   naming the argument). Array shapes, dtypes and layouts are the binding's to check (once per bound
+   call: these run every step). Built with -ffp-contract=off: no fused multiply-adds, so every compiler
+   rounds each product and sum as written, and the nodes of a cluster decode a record alike. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #define LANES 16 /* partial sums per dot product: a fixed order the compiler vectorizes */
+
+enum { CHECK_SLOT = 1, CHECK_COUNT = 2, CHECK_POSITION = 3, CHECK_LENGTH = 4, CHECK_ROW = 8 };
+
+/* 0 where row a's slot and count fit (its slot one of ``slot_count``, 0 <= count <= width), else what fails. */
+static int check_row(const int32_t *slots, const int32_t *counts, int a, int slot_count, int width) {
+    if (slots[a] < 0 || slots[a] >= slot_count) return CHECK_SLOT + CHECK_ROW * a;
+    if (counts[a] < 0 || counts[a] > width) return CHECK_COUNT + CHECK_ROW * a;
+    return 0;
+}
 
 static float dot(const float *a, const float *b, int n) {
     float partial[LANES] = {0};
@@ -71,11 +87,16 @@ static void attend(const float *restrict q, const float *restrict keys, const fl
 /* Causal self-attention of the fed positions. qkv [A, W, 3 * H * DK] (q | k | v, heads in order);
    writes each fed position's keys and values into cache_k, cache_v [slots, C, H, DK] at its place in
    its row's slot, then each fed position attends to its row's positions up to its own, adding bias
-   [A, H, bias_rows, C] (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room for
-   H * C floats. */
-void self_attention(const float *qkv, float *cache_k, float *cache_v, const int32_t *slots, const int32_t *positions,
-                    const int32_t *counts, const float *bias, int bias_rows, int rows, int width, int heads,
-                    int dk, int capacity, float scale, float *scores, float *out) {
+   [A, H, bias_rows >= W, C] (T5's relative positions; NULL: none). out [A, W, H * DK]; scores: room
+   for H * C floats. The caches hold slot_count slots. */
+int self_attention(const float *qkv, float *cache_k, float *cache_v, const int32_t *slots, const int32_t *positions,
+                   const int32_t *counts, const float *bias, int bias_rows, int rows, int width, int heads, int dk,
+                   int slot_count, int capacity, float scale, float *scores, float *out) {
+    for (int a = 0; a < rows; a++) {
+        int failed = check_row(slots, counts, a, slot_count, width);
+        if (failed) return failed;
+        if (positions[a] < 0 || (int64_t)positions[a] + counts[a] > capacity) return CHECK_POSITION + CHECK_ROW * a;
+    }
     int inner = heads * dk;
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
     for (int a = 0; a < rows; a++) {
@@ -93,13 +114,20 @@ void self_attention(const float *qkv, float *cache_k, float *cache_v, const int3
                    (int64_t)bias_rows * capacity, scores, out + ((int64_t)a * width + i) * inner);
         }
     }
+    return 0;
 }
 
 /* Attention of the fed positions over the first lengths[slot] encoder keys and values of each row's
-   slot, cross_k, cross_v [slots, S, H, DK]. query, out [A, W, H * DK]; scores: room for H * S floats. */
-void cross_attention(const float *query, const float *cross_k, const float *cross_v, const int32_t *slots,
-                     const int32_t *lengths, const int32_t *counts, int rows, int width, int heads, int dk,
-                     int sources, float scale, float *scores, float *out) {
+   slot, cross_k, cross_v [slots, S, H, DK] of slot_count slots; lengths [slot_count]. query, out
+   [A, W, H * DK]; scores: room for H * S floats. */
+int cross_attention(const float *query, const float *cross_k, const float *cross_v, const int32_t *slots,
+                    const int32_t *lengths, const int32_t *counts, int rows, int width, int heads, int dk,
+                    int slot_count, int sources, float scale, float *scores, float *out) {
+    for (int a = 0; a < rows; a++) {
+        int failed = check_row(slots, counts, a, slot_count, width);
+        if (failed) return failed;
+        if (lengths[slots[a]] < 0 || lengths[slots[a]] > sources) return CHECK_LENGTH + CHECK_ROW * a;
+    }
     int inner = heads * dk;
     memset(out, 0, sizeof(float) * (size_t)rows * width * inner);
     for (int a = 0; a < rows; a++) {
@@ -110,4 +138,5 @@ void cross_attention(const float *query, const float *cross_k, const float *cros
                    out + at);
         }
     }
+    return 0;
 }

@@ -28,6 +28,9 @@ import torch
 # 512x1536 1.16x, 256x6000 1.54x, 1024x4096 4.7x, 512x58101 9.7x; BENCHMARKS.md): from about 786k weights
 # on. Below, the fence's few extra small ops cost more than the smaller reads save.
 MIN_WEIGHTS = 3 << 18
+# What the output's int8_scheme column says of it: fbgemm's int8 product, weights per output channel,
+# each row's activations on its own scale (7 bits, fenced); matrices under MIN_WEIGHTS stay float32.
+SCHEME = "fbgemm-int8-per-channel"
 
 
 def pays_off(weight: torch.Tensor) -> bool:

@@ -213,6 +213,10 @@ class NativeEngine(Engine):
         self._cross_rows = None  # (slots, cross keys/values of those rows) reused while they run together
         self._reserve(64)
 
+    @property
+    def int8_scheme(self) -> str | None:
+        return int8.SCHEME if self.weights.quantize == "int8" else None
+
     # --- memory -----------------------------------------------------------------------------------
 
     def _reserve(self, positions: int) -> None:

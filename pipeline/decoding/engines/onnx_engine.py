@@ -104,6 +104,14 @@ class OnnxEngine(Engine):
         self._frames: dict = {}  # (A, W) -> a SegmentFrame (``attention`` "kernel")
         self._reserve(64)
 
+    @property
+    def attention_path(self) -> str:
+        return self.attention  # "kernel" (decode_attention.c) or "onnxruntime"
+
+    @property
+    def int8_scheme(self) -> str | None:
+        return self.sessions.int8_scheme(self.int8_kernel)
+
     # --- memory -----------------------------------------------------------------------------------
 
     def _reserve(self, positions: int) -> None:

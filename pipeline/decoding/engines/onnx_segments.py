@@ -212,8 +212,8 @@ class SegmentedCall:
                                       self.inputs["source_lengths"], frame.counts, piece.scale, out)
 
     def set_rows(self, slots: list[int], positions: list[int], counts: list[int]) -> None:
-        """Each row's slot, its first fed position and how many it feeds. The kernel writes where the
-        slots say, unchecked: a slot outside the caches, or one twice, is refused here."""
+        """Each row's slot, its first fed position and how many it feeds. The kernel refuses a slot or
+        position outside the caches; a slot given twice (which it cannot see) is refused here."""
         if min(slots) < 0 or max(slots) >= len(self.caches["self_k"][0]) or len(set(slots)) != len(slots):
             raise ValueError(f"a step's rows take distinct slots among {len(self.caches['self_k'][0])}, got {slots}")
         frame = self.frame

@@ -1,0 +1,120 @@
+"""A run's closing summary: what this run decoded, how fast, and how BiLD behaved, from the output's rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.io.schema import STATS_COLUMNS
+from pipeline.io.storage import first_row_per_key, read_output_table
+from pipeline.jobs.schema import JobConfig
+from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
+
+# What the job's closing summary reads.
+SUMMARY_COLUMNS = ["id", "point", "error", "engine", "quantize", "worker", "call_started_at", "call_seconds",
+                   *STATS_COLUMNS]
+
+
+@dataclass
+class RunSummary:
+    job_name: str
+    output_path: str
+    records_in_input: int
+    records_in_output: int
+    decoded_now: int
+    skipped_existing: int
+    errors_now: int
+    output_tokens_now: int
+    wall_seconds: float
+    small_share: float
+    fallbacks_per_100_tokens: float
+    rollbacks_per_100_tokens: float
+    engines: list[str]  # what ran the models this run ("native", "hf"); from the output's engine column
+    quantized: list[str] = dataclasses.field(default_factory=list)  # "int8" where models.quantize was
+    # Decoding alone: this run's output tokens per second of each actor's busy time (the union of its
+    # calls), summed over the actors, and their mean busy seconds.
+    decoding_tokens_per_second: float = 0.0
+    actors_busy_seconds: float = 0.0
+    actors: int = 0
+    # End to end, from the job's start (Ray, reading the input, loading the models included); start-up
+    # is the time until the first actor call began decoding.
+    end_to_end_seconds: float = 0.0
+    startup_seconds: float | None = None
+    # Cascade runs: the share of drafted positions whose deferral rule deferred (None without any).
+    deferral_share: float | None = None
+    plain_step_share: float = 0.0  # of the large model's calls, made without drafting (decoding.adaptive_draft)
+    duplicate_rows_skipped: int = 0  # later rows of an id already in the output (a retried writer's), not counted
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens_now / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_text(self) -> str:
+        return "\n".join(
+            [
+                f"job {self.job_name}: {self.records_in_output}/{self.records_in_input} records in {self.output_path}",
+                f"  this run: {self.decoded_now} decoded ({self.errors_now} errors), "
+                f"{self.skipped_existing} already done and skipped, {self.wall_seconds:.1f} s",
+                f"  throughput: decoding {self.decoding_tokens_per_second:.1f} output tokens/s on {self.actors} "
+                f"actor(s) (busy {self.actors_busy_seconds:.1f} s each on average); end to end "
+                f"{self._per_second(self.output_tokens_now):.1f} output tokens/s, "
+                f"{self._per_second(self.decoded_now):.2f} records/s ({self.end_to_end_seconds:.1f} s"
+                + (f", of which {self.startup_seconds:.1f} s start-up" if self.startup_seconds is not None else "")
+                + ")",
+                f"  BiLD: {100 * self.small_share:.1f}% of tokens from the small model, "
+                f"{self.fallbacks_per_100_tokens:.1f} fallbacks and {self.rollbacks_per_100_tokens:.1f} "
+                f"rollbacks per 100 tokens"
+                + (f"; {100 * self.deferral_share:.1f}% of drafted positions deferred" if self.deferral_share else "")
+                + (f"; {100 * self.plain_step_share:.1f}% of large-model steps without drafting"
+                   if self.plain_step_share else ""),
+                f"  engine: {', '.join(self.engines) or 'none'}"
+                + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
+            ] + ([f"  {self.duplicate_rows_skipped} duplicate row(s) of ids already in the output skipped"]
+                 if self.duplicate_rows_skipped else [])
+        )
+
+    def _per_second(self, count: int) -> float:
+        return count / self.end_to_end_seconds if self.end_to_end_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second}
+
+
+def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float,
+              job_started: float | None = None) -> RunSummary:
+    table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
+    table, duplicates = first_row_per_key(table, ["id", "point"])
+    now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
+    totals = decode_totals(now)
+    calls = actor_calls(now) if now.num_rows else {}
+    busy = {worker: busy_seconds(found) for worker, found in calls.items()}
+    first_call = pc.min(now["call_started_at"]).as_py() if now.num_rows else None
+    job_started = job_started if job_started is not None else time.time() - wall_seconds
+    return RunSummary(
+        job_name=job.name,
+        output_path=job.output.path,
+        records_in_input=records_in_input,
+        records_in_output=pc.count_distinct(table["id"]).as_py() if table.num_rows else 0,
+        decoded_now=pc.count_distinct(now["id"]).as_py() if now.num_rows else 0,
+        skipped_existing=records_in_input - len(decoded),
+        errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
+        output_tokens_now=totals.output_tokens,
+        wall_seconds=wall_seconds,
+        small_share=totals.small_token_share,
+        fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
+        rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
+        engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
+        decoding_tokens_per_second=decoding_rate(calls),
+        actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
+        actors=len(busy),
+        end_to_end_seconds=time.time() - job_started,
+        startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
+        quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
+        deferral_share=totals.deferral_share if totals.deferrals else None,
+        plain_step_share=totals.plain_step_share,
+        duplicate_rows_skipped=duplicates,
+    )
