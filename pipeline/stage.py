@@ -19,6 +19,7 @@ import pyarrow as pa
 from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
 from pipeline.decoding.engines.ct2_engine import CT2Generator
 from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
+from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.metrics import quality as q
 
@@ -148,10 +149,7 @@ class DecodeStage:
             if row.get("input_error"):
                 results[i] = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
                 continue
-            text = row["text"]
-            if self.spec.prompt and isinstance(text, str) and text.strip():
-                text = self.spec.prompt.format(text=text)
-            texts.append(text)
+            texts.append(apply_prompt(self.spec.prompt, row["text"]))
             seeds.append(record_seed(config.seed, row["id"]))
             where.append(i)
         for i, result in zip(where, generator.generate(texts, seeds, batch=self.batch_policy)):

@@ -16,16 +16,26 @@ verbose_option = click.option("--verbose", is_flag=True, help="Show Ray's own ou
 @click.command()
 @click.argument("job_files", nargs=-1, required=True, type=click.Path())
 @override_option
-def validate(job_files, overrides):
-    """Check job files without running them (exit code 2 if any is invalid)."""
+@click.option("--schema-only", is_flag=True,
+              help="Check the files' keys and values only, not the paths and models they name (e.g. a job for a "
+                   "cluster, checked on a laptop).")
+def validate(job_files, overrides, schema_only):
+    """Check job files without running them (exit code 2 if any is invalid): their keys and values, then
+    (unless --schema-only) that the local input holds the columns named and the models exist and pair."""
     from pipeline.jobs import JobFileError, load_job
+    from pipeline.jobs.preflight import PreflightError, check_job
 
     bad = 0
     for path in job_files:
         try:
             job = load_job(path, overrides)
+            if not schema_only:
+                check_job(job)
         except JobFileError as exc:
             click.echo(str(exc), err=True)
+            bad += 1
+        except PreflightError as exc:
+            click.echo("\n".join(f"{path}: {line}" for line in str(exc).splitlines()), err=True)
             bad += 1
         else:
             click.echo(f"{path}: ok (job {job.name!r}, method {job.decoding.method}, config {job.config_hash()})")
@@ -53,13 +63,14 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     from pipeline.io.storage import InputError, OutputReadError
     from pipeline.jobs.cluster_fit import ClusterTooSmallError
     from pipeline.jobs.fingerprint import ResumeMismatchError
+    from pipeline.jobs.preflight import PreflightError
     from pipeline.jobs.run import EngineError, OutputExistsError
 
     try:
         return func(*args, **kwargs)
     except (InputError, OutputExistsError, IncompatiblePairError, EngineError, ResumeMismatchError,
-            OutputLeaseError, ClusterTooSmallError) as exc:
-        click.echo(f"{job_file}: {exc}", err=True)
+            OutputLeaseError, ClusterTooSmallError, PreflightError) as exc:
+        click.echo("\n".join(f"{job_file}: {line}" for line in str(exc).splitlines()), err=True)
         sys.exit(2)
     except (OutputReadError, OutputStoreError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)

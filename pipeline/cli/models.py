@@ -3,13 +3,14 @@ large one's outputs) and ``tiny-pair`` (random pairs for trying things out)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 import click
 
-from pipeline.cli.options import decoding_config, decoding_options, model_options
-from pipeline.decoding.config import ModelSpec
+from pipeline.cli.options import decoding_config, decoding_options, model_option_group, override_option
+from pipeline.decoding.config import DecodingConfig, ModelSpec
 
 
 def load_pair(spec: ModelSpec):
@@ -24,21 +25,64 @@ def load_pair(spec: ModelSpec):
         raise click.UsageError(f"cannot load the model pair: {exc}") from exc
 
 
+def _given(ctx: click.Context, names) -> dict:
+    """Those of the command's options in `names` that were given on its command line, with their values."""
+    return {name: ctx.params[name] for name in names
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
+
+
+def _generate_settings(ctx: click.Context, job_file, overrides):
+    """(ModelSpec, DecodingConfig, prompt, BatchPolicy): a job file's (its presets and --set included) with
+    what the command line gives on top, or the command line's alone."""
+    from pipeline.cli.jobs import load_job_or_exit
+    from pipeline.decoding import BatchPolicy
+
+    params = ctx.params
+    model_keys = [field for field in ModelSpec.__dataclass_fields__ if field in params]
+    decoding_keys = [field for field in DecodingConfig.__dataclass_fields__ if field in params]
+    if job_file is None:
+        if not (params["small"] and params["large"]):
+            raise click.UsageError("give --small and --large, or --job FILE (a job file's models and settings)")
+        spec = ModelSpec(**{key: params[key] for key in model_keys})
+        return spec, decoding_config(params), params["prompt"], BatchPolicy(batch_size=1)
+    job = load_job_or_exit(job_file, overrides)
+    spec = dataclasses.replace(job.models.to_spec(), **_given(ctx, model_keys))
+    config = decoding_config({**job.decoding.model_dump(), **_given(ctx, decoding_keys)})
+    batch = BatchPolicy(batch_size=job.compute.batch_size, verify_share=job.compute.verify_share)
+    return spec, config, params["prompt"] or job.prompt, batch
+
+
 @click.command()
-@model_options
+@click.option("--job", "job_file", type=click.Path(), default=None,
+              help="Decode as this job file does (its presets and --set included): its models, engine, quantize, "
+                   "decoding settings, prompt and batch size; options given here override them.")
+@override_option
+@model_option_group(required=False)
 @decoding_options
 @click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
 @click.argument("texts", nargs=-1, required=True)
-def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, quantize, prompt, as_json, texts,
-             **options):
-    """Decode TEXTS with a small/large pair and print each output with its statistics."""
+@click.pass_context
+def generate(ctx, job_file, overrides, as_json, texts, **_):
+    """Decode TEXTS with a small/large pair and print each output with its statistics (errors on stderr)."""
     from pipeline.decoding import Generator
+    from pipeline.io.records import apply_prompt
+    from pipeline.jobs.preflight import models_problems
+    from pipeline.jobs.schema import check_prompt
 
-    config = decoding_config(options)
-    pair = load_pair(ModelSpec(small, large, tokenizer, dtype, device, trust_remote_code, engine, quantize))
-    inputs = [prompt.format(text=text) if prompt else text for text in texts]
-    results = Generator(pair, config).generate(inputs)
+    spec, config, prompt, batch = _generate_settings(ctx, job_file, overrides)
+    if prompt is not None:
+        try:
+            check_prompt(prompt)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+    roles = ("small", "large") if config.method not in ("small", "large") else (config.method,)
+    problems = models_problems(spec, roles, pair=False)
+    if problems:
+        raise click.UsageError("\n".join(problems))
+    generator = Generator(load_pair(spec), config)
+    generator.generate(["warm up"], batch=batch)  # first-call set-up (allocation, kernels) outside latency_ms
+    results = generator.generate([apply_prompt(prompt, text) for text in texts], batch=batch)
     failed = False
     for text, result in zip(texts, results):
         record = {"input": text, **result.to_record()}
@@ -48,7 +92,7 @@ def generate(small, large, tokenizer, dtype, device, trust_remote_code, engine, 
             continue
         click.echo(f"input:      {text}")
         if result.error:
-            click.echo(f"error:      {result.error}")
+            click.echo(f"error:      {result.error}", err=True)
         else:
             click.echo(f"prediction: {result.prediction}")
         stats = result.stats

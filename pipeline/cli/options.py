@@ -49,9 +49,7 @@ quantize_option = click.option(
     help="int8: both models' linear layers and output heads in int8 (the native engine where it pays, the onnx "
          "engine everywhere; on a CPU, float32; the job key models.quantize).")
 
-model_options = options(
-    click.option("--small", required=True, help="Small (drafting) model: hub id or local folder."),
-    click.option("--large", required=True, help="Large (verifying) model: hub id or local folder."),
+_MODEL_SETTINGS = (
     click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
     click.option("--dtype", default="float32", show_default=True,
                  type=click.Choice(DTYPE_NAMES)),
@@ -60,6 +58,17 @@ model_options = options(
     engine_option,
     quantize_option,
 )
+
+
+def model_option_group(required: bool = True):
+    """--small, --large and how to run them; `required`: whether --small and --large must be given."""
+    return options(
+        click.option("--small", required=required, help="Small (drafting) model: hub id or local folder."),
+        click.option("--large", required=required, help="Large (verifying) model: hub id or local folder."),
+        *_MODEL_SETTINGS)
+
+
+model_options = model_option_group(required=True)
 
 _defaults = DecodingConfig()
 

@@ -74,3 +74,11 @@ def _salvage(line: bytes) -> dict | None:
     except json.JSONDecodeError:
         return None
     return raw if isinstance(raw, dict) else None
+
+
+def apply_prompt(prompt: str | None, text):
+    """The text the models see: `text` inside the prompt template; an empty or non-string text stays as it is,
+    so that its row fails as empty rather than decoding the template alone."""
+    if prompt and isinstance(text, str) and text.strip():
+        return prompt.format(text=text)
+    return text

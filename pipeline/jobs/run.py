@@ -41,6 +41,7 @@ from pipeline.decoding.config import DecodingConfig
 from pipeline.jobs.cluster_fit import check_cluster_fits
 from pipeline.jobs.console import Progress, quiet_ray
 from pipeline.jobs.fingerprint import check_resume, decisive_settings, models_content
+from pipeline.jobs.preflight import check_job
 from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
 from pipeline.in_flight import in_flight_registry
@@ -219,15 +220,19 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     sweep = points is not None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
     _check_engines(job, points)
-    _check_pair_early(job)  # before anything is read, removed or started
+    # Before anything is removed or started: the input's files and columns, the model folders, the pair.
+    listing = input_files(job.input)  # one listing: the ids are those of the records decoded
+    check_job(job, listing, pair=False)
+    _check_pair_early(job)
+    all_ids = read_ids(job.input, listing)
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     with OutputLease(out_fs, out_path, url=job.output.path):
-        return _run_holding_the_lease(job, address, points, sweep, out_fs, out_path, verbose=verbose,
-                                      progress=progress, job_started=job_started)
+        return _run_holding_the_lease(job, address, points, sweep, out_fs, out_path, listing, all_ids,
+                                      verbose=verbose, progress=progress, job_started=job_started)
 
 
-def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, out_fs, out_path: str, *,
-                           verbose: bool, progress: bool, job_started: float) -> RunSummary:
+def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, out_fs, out_path: str, listing,
+                           all_ids: pa.Array, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
     if job.output.mode == "overwrite":
@@ -247,9 +252,7 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
     embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
     connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
     check_cluster_fits(job.compute, wait_seconds=0 if embedded else None)  # no autoscaler grows an embedded Ray
-    listing = input_files(job.input)  # one listing: the ids are those of the records decoded
     records = read_records(job.input, listing)  # lazy: Ray Data reads it while the actors decode
-    all_ids = read_ids(job.input, listing)
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
     if job.output.mode == "resume":
         todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None)

@@ -182,12 +182,7 @@ class JobConfig(_Section):
     @classmethod
     def _prompt_has_text(cls, prompt: str | None) -> str | None:
         if prompt is not None:
-            if "{text}" not in prompt:
-                raise ValueError("the prompt template must contain {text}")
-            try:
-                prompt.format(text="")
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(f"the prompt template is not a valid format string: {exc}") from exc
+            check_prompt(prompt)
         return prompt
 
     @model_validator(mode="after")
@@ -221,6 +216,17 @@ class JobConfig(_Section):
         from pipeline.jobs.fingerprint import settings_hash
 
         return settings_hash(self)
+
+
+def check_prompt(prompt: str) -> None:
+    """A prompt template holds {text} and nothing else to fill in (ValueError saying what is wrong)."""
+    if "{text}" not in prompt:
+        raise ValueError(f"the prompt template {prompt!r} must contain {{text}}, where each input goes")
+    try:
+        prompt.format(text="")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"the prompt template {prompt!r} may hold no field but {{text}} (found {exc}); write "
+                         "a literal brace as {{ or }}") from exc
 
 
 # Keys whose values are secrets: "key", "secret", "token", "aws_secret_access_key", "session_token",

@@ -227,7 +227,7 @@ def test_a_bad_storage_option_for_report_is_named_as_such_and_not_echoed(tmp_pat
     assert "--set" not in result.output
 
 
-def test_a_store_that_is_down_fails_with_its_message_and_no_secret(tmp_path):
+def test_a_store_that_is_down_fails_with_its_message_and_no_secret(saved_tiny_pair, tmp_path):
     """The output's S3 endpoint refuses connections: the run stops before Ray starts, with one line naming
     output.path and the store's error; neither key appears anywhere."""
     from click.testing import CliRunner
@@ -238,7 +238,7 @@ def test_a_store_that_is_down_fails_with_its_message_and_no_secret(tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump({
         "name": "down", "input": {"path": str(tmp_path / "in.jsonl"), "format": "jsonl"},
-        "models": {"small": "s", "large": "l"},
+        "models": {"small": saved_tiny_pair[0], "large": saved_tiny_pair[1]},
         "output": {"path": "s3://bucket/out", "storage_options": {
             "key": "AKIAVISIBLE", "secret": "SUPERSECRET123", "endpoint_url": "http://127.0.0.1:9",
             "config_kwargs": {"retries": {"max_attempts": 1}}}}}))

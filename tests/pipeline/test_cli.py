@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -47,7 +48,43 @@ def test_generate_refuses_a_bad_setting_with_exit_2(saved_pair):
 def test_generate_refuses_a_missing_model_with_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["generate", "--small", str(tmp_path / "nope"), "--large",
                                        str(tmp_path / "nope"), "x"])
-    assert result.exit_code == 2 and "cannot load" in result.output
+    assert result.exit_code == 2 and f"models.small '{tmp_path / 'nope'}': no such folder" in result.output
+
+
+@pytest.mark.parametrize("prompt, message", [("translate:", "must contain {text}"),
+                                             ("{lang}: {text}", "may hold no field but {text} (found 'lang')")])
+def test_generate_holds_its_prompt_to_the_job_files_rule(saved_pair, prompt, message):
+    """A template without {text} would send the models the template alone; one with another field would fail
+    after the models load: both exit 2 before anything loads, as in a job file."""
+    small, large = saved_pair
+    result = CliRunner().invoke(main, ["generate", "--small", str(small), "--large", str(large), "--prompt", prompt,
+                                       "Hallo"])
+    assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_generate_decodes_as_a_job_file_says(saved_pair, tmp_path, monkeypatch):
+    """--job takes the job's models, decoding settings, prompt and batch size; options given override them;
+    a warm-up call comes first, so no record's latency_ms holds the first call's set-up; errors on stderr."""
+    from pipeline.decoding import Generator
+
+    small, large = saved_pair
+    job = write_job(tmp_path, models={"small": str(small), "large": str(large), "device": "cpu"},
+                    decoding={"method": "bild", "rollback_threshold": 1.0, "max_new_tokens": 5},
+                    compute={"batch_size": 3}, prompt="translate: {text}")
+    seen = []
+    original = Generator.generate
+
+    def spy(self, texts, seeds=None, batch=None):
+        seen.append((list(texts), self.config, batch.batch_size))
+        return original(self, texts, seeds, batch=batch)
+
+    monkeypatch.setattr(Generator, "generate", spy)
+    result = CliRunner().invoke(main, ["generate", "--job", str(job), "--fallback-threshold", "0.7", "Hallo", ""])
+    assert result.exit_code == 1, result.output  # the empty text's row failed
+    assert "error:      input text is empty" in result.stderr and "error:" not in result.stdout
+    (warm_up, _, _), (texts, config, batch_size) = seen
+    assert warm_up == ["warm up"] and texts == ["translate: Hallo", ""] and batch_size == 3
+    assert (config.rollback_threshold, config.fallback_threshold, config.max_new_tokens) == (1.0, 0.7, 5)
 
 
 def test_generate_on_either_engine_gives_the_same_output(saved_pair):
@@ -160,7 +197,7 @@ def test_a_bad_set_of_an_ordinary_key_shows_its_value(tmp_path):
     assert result.exit_code == 2 and "decoding.method=[large" in result.stderr and "not valid YAML" in result.stderr
 
 
-def test_run_refuses_existing_output_in_error_mode_with_exit_2(tmp_path):
+def test_run_refuses_existing_output_in_error_mode_with_exit_2(saved_tiny_pair, tmp_path):
     """output.mode: error and an output that already holds results: exit 2, and the results stay untouched."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -171,7 +208,9 @@ def test_run_refuses_existing_output_in_error_mode_with_exit_2(tmp_path):
     existing = tmp_path / data_path("out") / "part-0.parquet"
     existing.parent.mkdir(parents=True)
     pq.write_table(pa.table({"id": ["a"]}), existing)
-    result = CliRunner().invoke(main, ["run", str(write_job(tmp_path, output={"mode": "error"}))])
+    small, large = saved_tiny_pair
+    result = CliRunner().invoke(main, ["run", str(write_job(tmp_path, output={"mode": "error"},
+                                                            models={"small": small, "large": large}))])
     assert result.exit_code == 2, result.output
     assert "already holds results" in result.stderr and "output.mode is 'error'" in result.stderr
     assert pq.read_table(existing)["id"].to_pylist() == ["a"]
@@ -231,3 +270,32 @@ def test_an_int8_run_says_so_in_its_rows_and_summary(ray_local, saved_tiny_pair,
     rows = read_output_table(str(tmp_path / "out"), columns=["id", "quantize", "error"]).to_pylist()
     assert sorted(row["id"] for row in rows) == ["a", "b", "c"]
     assert {row["quantize"] for row in rows} == {"int8"} and {row["error"] for row in rows} == {None}
+
+
+@pytest.mark.slow
+def test_generate_with_the_demo_job_gives_the_jobs_tokens(ray_local, tmp_path):
+    """`generate --job jobs/demo.yaml` decodes as the demo job does (onnx int8, its preset's thresholds):
+    the same predictions for the same sentences."""
+    import pyarrow.parquet as pq
+
+    from pipeline.io.storage import read_output_table
+    from pipeline.jobs import load_job
+    from pipeline.jobs.run import run_job
+    from support import REPO
+
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the demo job's paths are relative to the repository
+    try:
+        job = load_job("jobs/demo.yaml", ["input.limit=6", "compute.actors=1", "report.baseline=null",
+                                          f"output.path={tmp_path / 'out'}"])
+        run_job(job)
+        rows = read_output_table(str(tmp_path / "out"), columns=["id", "prediction"]).to_pylist()
+        source = pq.read_table(job.input.path, columns=["id", "de"]).to_pylist()[:6]
+        result = CliRunner().invoke(main, ["generate", "--job", "jobs/demo.yaml", "--json",
+                                           *[row["de"] for row in source]])
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    generated = [json.loads(line)["prediction"] for line in result.stdout.splitlines() if line.startswith("{")]
+    by_id = {row["id"]: row["prediction"] for row in rows}
+    assert generated == [by_id[row["id"]] for row in source]
