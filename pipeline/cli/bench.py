@@ -9,7 +9,7 @@ import json
 import click
 
 from pipeline.cli.models import load_pair
-from pipeline.cli.options import cascade_grid, engine_option, options, override_option, quantize_option
+from pipeline.cli.options import cascade_grid, engine_option, options, override_option, quantize_option, renamed
 from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 
 
@@ -18,7 +18,8 @@ from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 @click.option("--large", default=None, help="Large model.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPE_NAMES))
 @click.option("--device", default="auto", show_default=True)
-@click.option("--inputs", "num_inputs", type=int, default=8, show_default=True, help="Number of inputs.")
+@renamed("--limit", "--inputs", dest="num_inputs", type=int, default=8, show_default=True,
+         help="How many inputs to decode.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Interleaved repetitions.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--fallback-threshold", type=float, default=0.4, show_default=True)
@@ -178,7 +179,8 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
 @click.command("bench-pipeline")
 @click.option("--small", default=None, help="Small model folder (default: a tiny random T5 pair saved to a temp dir).")
 @click.option("--large", default=None)
-@click.option("--records", type=int, default=512, show_default=True)
+@renamed("--limit", "--records", dest="records", type=int, default=512, show_default=True,
+         help="How many records the job decodes.")
 @click.option("--repeats", type=int, default=2, show_default=True)
 @click.option("--job", "job_file", default=None, type=click.Path(exists=True),
               help="A models.engine ct2 job (e.g. jobs/nightly_ct2.yaml): its busy-time tokens/s through the "

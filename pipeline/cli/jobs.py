@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pipeline.cli.options import cascade_grid, floats, override_option
+from pipeline.cli.options import cascade_grid, floats, override_option, renamed
 
 verbose_option = click.option("--verbose", is_flag=True, help="Show Ray's own output.")
 
@@ -80,8 +80,8 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
 @click.command()
 @click.argument("job_file", type=click.Path())
 @override_option
-@click.option("--address", default=None,
-              help="Ray cluster to join (default: RAY_ADDRESS if set, else an embedded local Ray).")
+@renamed("--ray-address", "--address", dest="address", default=None,
+         help="Ray cluster to join, host:port (default: RAY_ADDRESS if set, else an embedded local Ray).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own output (workers' logs, Ray Data's operator tables).")
 def run(job_file, overrides, address, as_json, verbose):
@@ -95,16 +95,17 @@ def run(job_file, overrides, address, as_json, verbose):
 
 @click.command()
 @click.argument("run_path")
-@click.option("--baseline", default=None, help="Another run of the same inputs (e.g. method: large) to compare with.")
+@renamed("--baseline-run", "--baseline", dest="baseline", default=None,
+         help="The output folder of another run of the same inputs (e.g. one with method large) to compare with.")
 @click.option("--out", "out_dir", default=None, help="Where to write summary.json, report.md and plots "
               "(default: RUN_PATH/report for a local run, else ./report).")
 @click.option("--task", type=click.Choice(["translation", "summarization"]), default=None,
               help="Metric family (default: the run's job task).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for reading the runs (credentials may also come from the environment).")
-@click.option("--address", default=None, help="Unused: the report reads the run with pyarrow and starts no Ray "
-              "(kept so that commands written for earlier versions still run).")
-@verbose_option
+# Accepted and ignored (hidden), so that commands written for earlier versions still run: a report starts no Ray.
+@click.option("--address", hidden=True, default=None)
+@click.option("--verbose", hidden=True, is_flag=True)
 def report(run_path, baseline, out_dir, task, storage_options, address, verbose):
     """Score a finished run: throughput, latency, quality against references, BiLD behaviour, errors.
 
@@ -146,10 +147,13 @@ def _positive_ints(text: str, option: str) -> list[int]:
 
 @click.command()
 @click.argument("job_file", type=click.Path())
-@click.option("--fallback", default="0.2,0.4,0.6", show_default=True, help="alpha_FB values, comma-separated.")
-@click.option("--rollback", default="2,3,5", show_default=True, help="alpha_RB values, comma-separated.")
-@click.option("--window", default=None, help="max_draft_tokens values, comma-separated: a third grid axis "
-              "(points then end in _w<N>; default: the job's window only).")
+@renamed("--fallback-threshold", "--fallback", dest="fallback", default="0.2,0.4,0.6", show_default=True,
+         help="alpha_FB values (decoding.fallback_threshold), comma-separated.")
+@renamed("--rollback-threshold", "--rollback", dest="rollback", default="2,3,5", show_default=True,
+         help="alpha_RB values (decoding.rollback_threshold), comma-separated.")
+@renamed("--max-draft-tokens", "--window", dest="window", default=None,
+         help="decoding.max_draft_tokens values, comma-separated: a third grid axis (points then end in _w<N>; "
+              "default: the job's only).")
 @click.option("--cascade", "cascades", multiple=True, metavar="RULE=ALPHAS",
               help="Speculative-cascade points: a deferral rule and its alpha values, e.g. chow=0.1,0.3,0.5 "
                    "(repeat for more rules; points cascade_<rule>_a<alpha>).")
@@ -158,7 +162,8 @@ def _positive_ints(text: str, option: str) -> list[int]:
 @override_option
 @click.option("--out", "out_dir", default=None, help="Where to write sweep.json/.md/.png (default: OUTPUT/sweep "
               "for a local output, else ./sweep).")
-@click.option("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or a local Ray).")
+@renamed("--ray-address", "--address", dest="address", default=None,
+         help="Ray cluster to join, host:port (default: RAY_ADDRESS or a local Ray).")
 @verbose_option
 def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, out_dir, address, verbose):
     """Run JOB_FILE over a fallback x rollback (x window) grid plus `large` and `small` (and cascade and lossy
@@ -167,7 +172,7 @@ def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, 
 
     from pipeline.jobs.sweep import run_sweep, write_sweep
 
-    windows = _positive_ints(window, "--window") if window is not None else None
+    windows = _positive_ints(window, "--max-draft-tokens") if window is not None else None
     cascades_by_rule = cascade_grid(cascades)
     lenience_grid = floats(leniences) if leniences is not None else None
     job = load_job_or_exit(job_file, overrides)

@@ -25,6 +25,16 @@ def load_pair(spec: ModelSpec):
         raise click.UsageError(f"cannot load the model pair: {exc}") from exc
 
 
+def _check_prompt_or_exit(prompt: str) -> None:
+    """The job files' rule for a prompt template (exit 2 saying what is wrong)."""
+    from pipeline.jobs.schema import check_prompt
+
+    try:
+        check_prompt(prompt)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
 def _given(ctx: click.Context, names) -> dict:
     """Those of the command's options in `names` that were given on its command line, with their values."""
     return {name: ctx.params[name] for name in names
@@ -52,12 +62,28 @@ def _generate_settings(ctx: click.Context, job_file, overrides):
     return spec, config, params["prompt"] or job.prompt, batch
 
 
+def _generator(spec: ModelSpec, config: DecodingConfig):
+    """A Generator over the loaded pair, or CTranslate2's for engine ct2 (exit 2 where it cannot run)."""
+    if spec.engine != "ct2":
+        from pipeline.decoding import Generator
+
+        return Generator(load_pair(spec), config)
+    from pipeline.decoding.engines.ct2_engine import CT2Generator, available
+
+    if not available():
+        raise click.UsageError("--engine ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
+    try:
+        return CT2Generator(spec, config)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
 @click.command()
 @click.option("--job", "job_file", type=click.Path(), default=None,
               help="Decode as this job file does (its presets and --set included): its models, engine, quantize, "
                    "decoding settings, prompt and batch size; options given here override them.")
 @override_option
-@model_option_group(required=False)
+@model_option_group(required=False, ct2=True)
 @decoding_options
 @click.option("--prompt", default=None, help='Template around each text, e.g. "summarize: {text}".')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per text instead of a table.")
@@ -65,22 +91,17 @@ def _generate_settings(ctx: click.Context, job_file, overrides):
 @click.pass_context
 def generate(ctx, job_file, overrides, as_json, texts, **_):
     """Decode TEXTS with a small/large pair and print each output with its statistics (errors on stderr)."""
-    from pipeline.decoding import Generator
     from pipeline.io.records import apply_prompt
     from pipeline.jobs.preflight import models_problems
-    from pipeline.jobs.schema import check_prompt
 
     spec, config, prompt, batch = _generate_settings(ctx, job_file, overrides)
     if prompt is not None:
-        try:
-            check_prompt(prompt)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
+        _check_prompt_or_exit(prompt)
     roles = ("small", "large") if config.method not in ("small", "large") else (config.method,)
     problems = models_problems(spec, roles, pair=False)
     if problems:
         raise click.UsageError("\n".join(problems))
-    generator = Generator(load_pair(spec), config)
+    generator = _generator(spec, config)
     generator.generate(["warm up"], batch=batch)  # first-call set-up (allocation, kernels) outside latency_ms
     results = generator.generate([apply_prompt(prompt, text) for text in texts], batch=batch)
     failed = False
@@ -113,7 +134,8 @@ def generate(ctx, job_file, overrides, as_json, texts, **_):
 @click.option("--src-lang", default="de", show_default=True, help="With a folder: which train.* file to read.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Work folder; the aligned model ends up in OUT/small-aligned-best.")
-@click.option("--prompt", default=None, help='Prefix for every input, e.g. "translate German to English: ".')
+@click.option("--prompt", default=None,
+              help='Template around each input, as in job files, e.g. "translate German to English: {text}".')
 @click.option("--limit", type=int, default=None, help="Use only the first N inputs.")
 @click.option("--epochs", type=float, default=2.0, show_default=True)
 @click.option("--lr", type=float, default=5e-3, show_default=True)
@@ -134,6 +156,12 @@ def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed
     if not source.is_file():
         raise click.UsageError(f"--data {data}: no {source.name} there")
     texts = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
+    if prompt is not None and "{text}" not in prompt:  # the old meaning, a prefix: kept for one release
+        click.echo(f"align --prompt is a template now, as everywhere: reading {prompt!r} as {prompt + '{text}'!r}",
+                   err=True)
+        prompt += "{text}"
+    if prompt is not None:
+        _check_prompt_or_exit(prompt)
     aligned = align_small_model(small, large, texts, out_dir, prompt=prompt, epochs=epochs, lr=lr, seed=seed,
                                 device=device, threads=threads, distill=loss == "distill")
     click.echo(f"aligned small model: {aligned}")

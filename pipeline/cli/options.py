@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.decoding.config import DEFERRALS, DTYPE_NAMES, DRAFT_WINDOWS, METHODS, PAIR_ENGINES, QUANTIZE_NAMES, DecodingConfig
+from pipeline.decoding.config import (DEFERRALS, DRAFT_WINDOWS, DTYPE_NAMES, ENGINES, METHODS, PAIR_ENGINES,
+                                     QUANTIZE_NAMES, DecodingConfig)
 
 
 def options(*specs):
@@ -14,6 +15,28 @@ def options(*specs):
             function = option(function)
         return function
     return apply
+
+
+class _WithOldNames(click.Option):
+    """An option renamed for one name per idea across commands: its old spellings (contracts users' scripts
+    rely on) still work for a release, and --help shows the new name only."""
+
+    def __init__(self, *args, old_names: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.old_names = old_names
+
+    def get_help_record(self, ctx):
+        shown, self.opts = self.opts, [name for name in self.opts if name not in self.old_names]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
+def renamed(name: str, *old_names: str, dest: str | None = None, **kwargs):
+    """click.option(name, ...) that also answers to `old_names` (hidden from --help)."""
+    return click.option(name, *old_names, *([dest] if dest else []), cls=_WithOldNames, old_names=old_names,
+                        **kwargs)
 
 
 def floats(text: str) -> list[float]:
@@ -38,11 +61,14 @@ def cascade_grid(values: tuple[str, ...]) -> dict[str, list[float]]:
 override_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
                                help="Override a job key.")
 
-engine_option = click.option(
-    "--engine", type=click.Choice(PAIR_ENGINES), default="auto", show_default=True,
-    help="auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
-         "Hugging Face's modules (logged); hf: always Hugging Face's; onnx: the native engine's decoder step as "
-         "one onnxruntime call (CPU, float32 or --quantize int8; the fastest on a CPU).")
+_ENGINE_HELP = ("auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
+                "Hugging Face's modules (logged); hf: always Hugging Face's; onnx: the native engine's decoder step "
+                "as one onnxruntime call (CPU, float32 or --quantize int8; the fastest on a CPU)")
+engine_option = click.option("--engine", type=click.Choice(PAIR_ENGINES), default="auto", show_default=True,
+                             help=_ENGINE_HELP + ".")
+# Where one model may decode alone (methods large and small), CTranslate2 too.
+any_engine_option = click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+                                 help=_ENGINE_HELP + "; ct2: CTranslate2 (--method large or small).")
 
 quantize_option = click.option(
     "--quantize", type=click.Choice(QUANTIZE_NAMES), default="none", show_default=True,
@@ -55,17 +81,16 @@ _MODEL_SETTINGS = (
                  type=click.Choice(DTYPE_NAMES)),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
     click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
-    engine_option,
-    quantize_option,
 )
 
 
-def model_option_group(required: bool = True):
-    """--small, --large and how to run them; `required`: whether --small and --large must be given."""
+def model_option_group(required: bool = True, ct2: bool = False):
+    """--small, --large and how to run them; `required`: whether --small and --large must be given; `ct2`:
+    whether --engine offers CTranslate2."""
     return options(
         click.option("--small", required=required, help="Small (drafting) model: hub id or local folder."),
         click.option("--large", required=required, help="Large (verifying) model: hub id or local folder."),
-        *_MODEL_SETTINGS)
+        *_MODEL_SETTINGS, any_engine_option if ct2 else engine_option, quantize_option)
 
 
 model_options = model_option_group(required=True)

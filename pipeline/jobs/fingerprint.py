@@ -1,4 +1,5 @@
-"""What makes a run one configuration: the settings that decide a row's tokens, and the models' content.
+"""What makes a run one configuration: the settings that decide a row's tokens (schema.decisive_settings),
+and the models' content.
 
 An output folder holds the rows of one configuration. Its manifest (run.json) records both halves
 below; a resume compares them with the job it is handed and refuses (exit 2) where they differ,
@@ -8,37 +9,15 @@ naming each key, so that no report ever scores rows of two configurations as one
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Any
 
-from pipeline.jobs.schema import JobConfig
+from pipeline.jobs.schema import JobConfig, decisive_settings, settings_hash
 
-# Settings a row's tokens do not depend on: how much is decoded, where things are kept, credentials.
-_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records"}
-_DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
+__all__ = ["ResumeMismatchError", "check_resume", "decisive_settings", "differences", "model_fingerprint",
+           "models_content", "settings_hash"]
+
 _WHOLE_FILE_BYTES = 1 << 20  # files up to 1 MiB are hashed whole; larger ones by their first and last MiB
-
-
-def decisive_settings(job: JobConfig) -> dict[str, Any]:
-    """{dotted key: value} of every setting that decides the rows (engine and quantize included: onnx int8
-    and native int8 quantize differently, so their tokens can differ)."""
-    resolved = job.redacted()
-    flat: dict[str, Any] = {}
-    for section in _DECISIVE_SECTIONS:
-        value = resolved[section]
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for key, item in items:
-            name = section if key is None else f"{section}.{key}"
-            if name not in _NOT_DECISIVE:
-                flat[name] = item
-    return flat
-
-
-def settings_hash(job: JobConfig) -> str:
-    """A short hash of decisive_settings (the rows' config_hash column)."""
-    blob = json.dumps(decisive_settings(job), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def model_fingerprint(name: str) -> str:

@@ -78,6 +78,8 @@ def _describe(error: ValidationError, source: str) -> str:
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown key (not part of the job schema; check its spelling)"
+        elif item["type"] == "value_error":  # our own validators' words, without pydantic's "Value error, "
+            message = str(item["ctx"]["error"]) if "error" in item.get("ctx", {}) else message
         lines.append(f"  {key}: {message}")
     return "\n".join(lines)
 

@@ -6,6 +6,8 @@ Unknown keys are errors (a typo must not be silently ignored), and every error n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from typing import Any, Literal
 
@@ -212,10 +214,34 @@ class JobConfig(_Section):
         return redact(self.model_dump())
 
     def config_hash(self) -> str:
-        """A short hash of every setting that decides the rows (pipeline/jobs/fingerprint.py), secrets excluded."""
-        from pipeline.jobs.fingerprint import settings_hash
-
+        """A short hash of every setting that decides the rows (settings_hash), secrets excluded."""
         return settings_hash(self)
+
+
+# Settings a row's tokens do not depend on: how much is decoded, where things are kept, credentials.
+_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records"}
+_DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
+
+
+def decisive_settings(job: JobConfig) -> dict[str, Any]:
+    """{dotted key: value} of every setting that decides the rows (engine and quantize included: onnx int8
+    and native int8 quantize differently, so their tokens can differ)."""
+    resolved = job.redacted()
+    flat: dict[str, Any] = {}
+    for section in _DECISIVE_SECTIONS:
+        value = resolved[section]
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, item in items:
+            name = section if key is None else f"{section}.{key}"
+            if name not in _NOT_DECISIVE:
+                flat[name] = item
+    return flat
+
+
+def settings_hash(job: JobConfig) -> str:
+    """A short hash of decisive_settings (the rows' config_hash column)."""
+    blob = json.dumps(decisive_settings(job), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def check_prompt(prompt: str) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.io.records import apply_prompt
+
 from .evaluate import greedy_translate, load_model
 from .train import TrainConfig, log, pick_device, train
 
@@ -78,8 +80,8 @@ def align_small_model(small_path: str | Path, large_path: str | Path, source_tex
 
     ``drop_degenerate`` leaves out the large model's outputs that are repetition loops or far
     longer than their source (a few percent here), which otherwise teach the small model to loop.
-    ``prompt`` is prepended to every source (e.g. ``"translate German to English: "`` for T5
-    checkpoints that expect a task prefix). Both models must share one tokenizer.
+    ``prompt`` is the template around every source, as in job files (e.g. ``"translate German to English:
+    {text}"`` for T5 checkpoints that expect a task prefix). Both models must share one tokenizer.
     ``freeze_encoder`` fine-tunes the small model's decoder only (for a small model whose encoder
     is the large model's, see shrink.py); ``max_minutes`` caps the fine-tune's training time.
     ``distill`` trains on the large model's whole next-token distribution at every position of
@@ -91,14 +93,14 @@ def align_small_model(small_path: str | Path, large_path: str | Path, source_tex
     _check_same_vocab(small_path, large_path)
     targets = large_model_outputs(large_path, source_texts, out_dir / "large_outputs.jsonl",
                                   prompt=prompt, device=device, max_new_tokens=max_new_tokens)
-    sources = [(prompt or "") + s for s in source_texts]
+    sources = [apply_prompt(prompt, s) for s in source_texts]
     if drop_degenerate:
         keep = [i for i, (s, t) in enumerate(zip(source_texts, targets)) if not looks_degenerate(s, t)]
         log(f"alignment data: {len(keep)}/{len(sources)} pairs kept "
             f"(dropped {len(sources) - len(keep)} degenerate large outputs)")
         sources, targets = [sources[i] for i in keep], [targets[i] for i in keep]
     if val_sources is not None:
-        val_sources = [(prompt or "") + s for s in val_sources]
+        val_sources = [apply_prompt(prompt, s) for s in val_sources]
     cfg = TrainConfig(size="aligned", epochs=epochs, batch_tokens=batch_tokens, lr=lr, optimizer=optimizer,
                       warmup_steps=warmup_steps, min_lr_ratio=0.05, seed=seed, device=device,
                       threads=threads, dropout=dropout, freeze_encoder=freeze_encoder,

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from pipeline.decoding.models import load_model as _load_any_model
+from pipeline.io.records import apply_prompt
 from pipeline.metrics.quality import signatures, translation_scores
 
 
@@ -28,9 +29,10 @@ def _empty_cache():
 def greedy_translate(model, tokenizer, sources: list[str], *, prompt: str | None = None,
                      batch_size: int = 64, max_new_tokens: int = 128,
                      max_source_tokens: int = 256) -> list[str]:
-    """Greedy (num_beams=1) batched generation; sources are sorted by length for speed."""
+    """Greedy (num_beams=1) batched generation; sources are sorted by length for speed. ``prompt``: the
+    template around each source, as in job files ("translate German to English: {text}")."""
     device = next(model.parameters()).device
-    texts = [(prompt or "") + s for s in sources]
+    texts = [apply_prompt(prompt, s) for s in sources]
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out: list[str | None] = [None] * len(texts)
     for start in range(0, len(order), batch_size):

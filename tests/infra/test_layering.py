@@ -26,7 +26,7 @@ LAYERS = [
     (4, "cluster", ["pipeline.cluster"]),
     (4, "training", ["pipeline.training"]),
     (3, "jobs", ["pipeline.jobs"]),
-    (2, "stage", ["pipeline.stage"]),
+    (2, "stage", ["pipeline.stage", "pipeline.in_flight"]),
     (1, "io", ["pipeline.io"]),
     (0, "metrics", ["pipeline.metrics"]),
     (0, "models", ["pipeline.tiny", "pipeline.random_pairs", "pipeline.inflate"]),  # model builders

@@ -299,3 +299,41 @@ def test_generate_with_the_demo_job_gives_the_jobs_tokens(ray_local, tmp_path):
     generated = [json.loads(line)["prediction"] for line in result.stdout.splitlines() if line.startswith("{")]
     by_id = {row["id"]: row["prediction"] for row in rows}
     assert generated == [by_id[row["id"]] for row in source]
+
+
+@pytest.mark.parametrize("command, new, old, dest, value", [
+    ("sweep", "--fallback-threshold", "--fallback", "fallback", "0.3"),
+    ("sweep", "--rollback-threshold", "--rollback", "rollback", "2"),
+    ("sweep", "--max-draft-tokens", "--window", "window", "4"),
+    ("sweep", "--ray-address", "--address", "address", "head:6379"),
+    ("run", "--ray-address", "--address", "address", "head:6379"),
+    ("report", "--baseline-run", "--baseline", "baseline", "runs/large"),
+    ("bench-loop", "--limit", "--inputs", "num_inputs", "3"),
+    ("bench-pipeline", "--limit", "--records", "records", "3"),
+])
+def test_one_name_per_idea_and_the_old_spelling_still_works(command, new, old, dest, value):
+    """Options renamed so that one idea has one name across commands: the old spelling is a contract for a
+    release (it parses to the same value), and --help shows the new name only."""
+    cmd = main.commands[command]
+    required = {"sweep": ["job.yaml"], "run": ["job.yaml"], "report": ["runs/x"],
+                "bench-loop": ["--small", "s", "--large", "l"], "bench-pipeline": []}[command]
+    for spelling in (new, old):
+        context = cmd.make_context(command, [*required, spelling, value])
+        assert str(context.params[dest]) == value, spelling
+    shown = CliRunner().invoke(main, [command, "--help"]).output
+    assert f"{new} " in shown and f"{old} " not in shown.replace(new, "")
+
+
+def test_options_that_do_nothing_are_not_offered_and_generate_offers_ct2():
+    report_help = CliRunner().invoke(main, ["report", "--help"]).output
+    assert "--verbose" not in report_help and "--address" not in report_help
+    assert main.commands["report"].make_context("report", ["runs/x", "--verbose", "--address", "a"])  # still parse
+    engine = next(p for p in main.commands["generate"].params if p.name == "engine")
+    assert "ct2" in engine.type.choices
+
+
+def test_validation_speaks_in_the_projects_words(tmp_path):
+    result = CliRunner().invoke(main, ["validate", "--schema-only", str(write_job(tmp_path)),
+                                       "--set", "decoding.lenience=0.2"])
+    assert result.exit_code == 2 and "lenience is lossy speculative decoding's" in result.stderr
+    assert "Value error" not in result.stderr
