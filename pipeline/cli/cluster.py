@@ -25,7 +25,8 @@ import click
 from pipeline.cli.options import options
 from pipeline.cluster.auth import TokenFileError, resolve_token
 from pipeline.cluster.entrypoint import redact_entrypoint
-from pipeline.cluster.jobs_client import DEFAULT_ADDRESS, ClusterError, JobsClient, connect
+from pipeline.cluster.jobs_client import (DEFAULT_ADDRESS, ClusterError, JobsClient, connect, new_submission_id,
+                                          submit_retrying)
 from pipeline.cluster.package import PackageError, relative_path_warnings, stage_package
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_CLUSTER = 0, 1, 2, 3
@@ -71,7 +72,7 @@ def _connect(address: str, auth_token_file: str | None) -> JobsClient:
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a job key (repeatable).")
 @cluster_options
 @click.option("--wait", is_flag=True, help="Follow the logs and exit with the job's status (0 SUCCEEDED, 1 otherwise).")
-@click.option("--submission-id", default=None, help="Job id to use (default: one Ray generates).")
+@click.option("--submission-id", default=None, help="Job id to use (default: a new raysubmit_... id).")
 @click.option("--env", "env", multiple=True, metavar="KEY[=VALUE]",
               help="Environment variable for the job (repeatable); KEY alone passes this shell's value on.")
 @click.option("--working-dir", type=click.Path(file_okay=False, exists=True), default=None,
@@ -79,9 +80,12 @@ def _connect(address: str, auth_token_file: str | None) -> JobsClient:
 @click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
               help="Leave files out of the upload (gitignore syntax, repeatable).")
 @click.option("--entrypoint-num-cpus", type=float, default=None, help="CPUs reserved for the job's driver.")
+@click.option("--retry-for", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SECONDS",
+              help="Keep retrying while Ray's job server is not ready (a head still starting) for up to this "
+                   "long; 0: no retry.")
 @_exit_codes
 def submit(job_file, overrides, address, auth_token_file, wait, submission_id, env, working_dir, excludes,
-           entrypoint_num_cpus):
+           entrypoint_num_cpus, retry_for):
     """Submit JOB_FILE to a Ray cluster through the Ray Jobs API and print its job id."""
     from pipeline.jobs import JobFileError, load_job
 
@@ -94,13 +98,16 @@ def submit(job_file, overrides, address, auth_token_file, wait, submission_id, e
         click.echo(warning, err=True)
     env_vars = parse_env(env)
 
-    client = _connect(address, auth_token_file)
+    submission_id = submission_id or new_submission_id()  # one id for every attempt: never two jobs
     with tempfile.TemporaryDirectory(prefix="bild-submit-") as staging:
         package = stage_package(job_file, Path(staging) / "wd", working_dir, excludes)
         click.echo(f"uploading {package.size_bytes / 1024:.0f} KiB from {package.source}", err=True)
-        job_id = client.submit(job_file, package, overrides, env_vars, submission_id,
-                               metadata={"bild_job": job.name, "config_hash": job.config_hash()},
-                               entrypoint_num_cpus=entrypoint_num_cpus)
+        client, job_id = submit_retrying(
+            lambda: _connect(address, auth_token_file),
+            lambda client: client.submit(job_file, package, overrides, env_vars, submission_id,
+                                         metadata={"bild_job": job.name, "config_hash": job.config_hash()},
+                                         entrypoint_num_cpus=entrypoint_num_cpus),
+            submission_id, retry_for, _note)
     click.echo(f"submitted: {job_id}")
     if not wait:
         click.echo(f"follow it with: bild-pipeline logs --follow {job_id}", err=True)

@@ -1,13 +1,17 @@
 """Submitting, following and stopping jobs through Ray's JobSubmissionClient.
 
 Every failure to reach the cluster, authenticate, or find the job becomes a ClusterError whose message
-says which; the token is sent only in the request header.
+says which; the token is sent only in the request header. ``submit_retrying`` retries the answers Ray gives
+while a head is still starting.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+import string
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from pipeline.cluster.auth import Token
 from pipeline.cluster.entrypoint import entrypoint_for
@@ -17,7 +21,80 @@ DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 
 
 class ClusterError(Exception):
-    """The cluster is unreachable, refused the credentials, or does not know the job."""
+    """The cluster is unreachable, refused the credentials, or does not know the job. ``transient``: Ray's
+    answer says to try again (see is_transient)."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+# Ray's "No available agent to submit job, please try again later" (HTTP 500 while the head's job agent
+# starts), a gateway in front of the head not ready (502/503/504), a port not listening yet or a
+# connection dropped. Not: a refused token (401/403), an unknown host, an invalid job.
+_TRANSIENT_TEXT = re.compile(
+    r"try again later|no available agent|status code (?:502|503|504)\b|\b(?:502|503|504) Server Error"
+    r"|connection refused|connection reset|connection aborted|RemoteDisconnected", re.IGNORECASE)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether the error (or one it was raised from) is an answer Ray gives while the head is starting."""
+    return any(isinstance(link, (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError))
+               or _TRANSIENT_TEXT.search(str(link)) for link in _chain(error))
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """The error and those it was raised from or while handling (Ray hides the socket error there)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def backoff_waits(first_s: float = 1.0, most_s: float = 10.0) -> Iterator[float]:
+    """Seconds to wait before each retry: 1, 2, 4, 8, 10, 10, ..."""
+    wait = first_s
+    while True:
+        yield wait
+        wait = min(wait * 2, most_s)
+
+
+def new_submission_id() -> str:
+    """An id like the ones Ray makes up, chosen here so that every attempt of one submit names one job."""
+    characters = sorted(set(string.ascii_letters + string.digits) - set("IloO0"))
+    return "raysubmit_" + "".join(secrets.choice(characters) for _ in range(16))
+
+
+def submit_retrying(connect_: Callable[[], JobsClient], submit: Callable[[JobsClient], str], submission_id: str,
+                    retry_for_s: float, note: Callable[[str], None],
+                    sleep: Callable[[float], None] | None = None,
+                    clock: Callable[[], float] | None = None) -> tuple[JobsClient, str]:
+    """Connect and submit; while Ray answers that it is not ready, say so to ``note``, wait and try again,
+    for up to ``retry_for_s`` seconds in all (0: once). Any other error, or the last one, is raised.
+
+    Every attempt submits under ``submission_id``, so an attempt whose request reached the server cannot
+    start the job twice: a retry that hears the id already exists means the job was submitted."""
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    deadline = clock() + retry_for_s
+    waits = backoff_waits()
+    sent = False  # a submit request went out: the job may exist
+    while True:
+        client = None
+        try:
+            client = connect_()
+            return client, submit(client)
+        except ClusterError as exc:
+            if sent and f"submission_id {submission_id} already exists" in str(exc):
+                return client, submission_id
+            sent = sent or client is not None
+            left = deadline - clock()
+            if not exc.transient or left <= 0:
+                raise
+            wait = min(next(waits), left)
+            why = str(exc).strip().splitlines()[-1]  # a traceback's last line is its error
+            note(f"Ray's job server is not ready ({why}); retrying in {wait:.1f} s ({left - wait:.0f} s left)")
+            sleep(wait)
 
 
 def connect(address: str, token: Token | None) -> JobsClient:
@@ -41,10 +118,11 @@ def connect(address: str, token: Token | None) -> JobsClient:
         )
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ClusterError(f"the cluster at {address} refused the request ({first}); {where}") from None
-    except ConnectionError as exc:
-        raise ClusterError(f"cannot reach the Ray job server at {address}: {exc}") from None
+    except ConnectionError as exc:  # Ray's message hides why; the socket's error says it
+        why = list(_chain(exc))[-1]
+        raise ClusterError(f"cannot reach the Ray job server at {address}: {why}", is_transient(exc)) from None
     except Exception as exc:  # requests errors, bad addresses, version checks
-        raise ClusterError(f"cannot use the Ray job server at {address}: {exc}") from None
+        raise ClusterError(f"cannot use the Ray job server at {address}: {exc}", is_transient(exc)) from None
 
 
 def _normalise_address(address: str) -> str:
@@ -70,7 +148,7 @@ class JobsClient:
                 entrypoint_num_cpus=entrypoint_num_cpus,
             )
         except Exception as exc:
-            raise ClusterError(f"submitting {job_file} failed: {exc}") from None
+            raise ClusterError(f"submitting {job_file} failed: {exc}", is_transient(exc)) from None
 
     def list_jobs(self) -> list:
         try:

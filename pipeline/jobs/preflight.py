@@ -25,8 +25,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "
 HUB_TIMEOUT_SECONDS = 3.0
 
 
-class PreflightError(ValueError):
-    """What a job names does not exist or does not fit (each problem one line naming its key)."""
+class PreflightError(InputError):
+    """What a job names does not exist or does not fit (each problem one line naming its key): like any
+    InputError, the job stops before anything starts."""
 
 
 def check_job(job, listing=None, pair: bool = True) -> None:

@@ -258,7 +258,7 @@ def test_an_unreadable_token_file_exits_2(tmp_path):
 
 def test_relative_local_paths_are_flagged(tmp_path):
     job = _write_job(tmp_path / "job.yaml", input="data/in.parquet", output="out")
-    result = CliRunner().invoke(submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}"])
+    result = CliRunner().invoke(submit, [str(job), "--address", f"http://127.0.0.1:{_closed_port()}", "--retry-for", "0"])
     assert result.exit_code == 3
     assert "input.path 'data/in.parquet' is a relative path" in result.output
     assert "output.path 'out' is a relative path" in result.output
@@ -269,7 +269,7 @@ def test_an_unreachable_cluster_exits_3_without_showing_the_token(tmp_path):
     job = _write_job(tmp_path / "job.yaml")
     address = f"http://127.0.0.1:{_closed_port()}"
     env = {**{k: v for k, v in os.environ.items() if k not in _RAY_ENV}, "RAY_AUTH_TOKEN": token}
-    for args in (["submit", str(job), "--wait"], ["stop", "raysubmit_x"]):  # all commands share one connect()
+    for args in (["submit", str(job), "--wait", "--retry-for", "0"], ["stop", "raysubmit_x"]):  # one connect()
         out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--address", address],
                              capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
         assert out.returncode == 3, (args, out.stdout, out.stderr)

@@ -84,8 +84,9 @@ def test_tune_picks_across_methods_and_writes_the_cascades_keys(tmp_path):
 
 @pytest.mark.parametrize("window", ["0", "4,x", ""])
 def test_a_bad_window_list_is_refused_before_anything_runs(tmp_path, window):
-    result = CliRunner().invoke(main, ["sweep", str(tmp_path / "missing.yaml"), "--window", window])
-    assert result.exit_code == 2 and "--window" in result.output
+    for spelling in ("--max-draft-tokens", "--window"):  # the option's name, and its old one
+        result = CliRunner().invoke(main, ["sweep", str(tmp_path / "missing.yaml"), spelling, window])
+        assert result.exit_code == 2 and "Invalid value for --max-draft-tokens" in result.output
 
 
 def test_tune_writes_a_preset_that_a_job_accepts(tmp_path):
