@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.options import options
+from pipeline.cli.options import options, renamed
 from pipeline.cluster.auth import TokenFileError, resolve_token
 from pipeline.cluster.entrypoint import redact_entrypoint
 from pipeline.cluster.jobs_client import (DEFAULT_ADDRESS, ClusterError, JobsClient, connect, new_submission_id,
@@ -52,8 +52,8 @@ def _exit_codes(command):
 
 
 cluster_options = options(
-    click.option("--address", envvar="RAY_ADDRESS", default=DEFAULT_ADDRESS, show_default=True,
-                 help="The Ray dashboard / job server, e.g. http://HEAD:8265 (env RAY_ADDRESS)."),
+    renamed("--dashboard", "--address", dest="address", envvar="RAY_ADDRESS", default=DEFAULT_ADDRESS,
+            show_default=True, help="The Ray dashboard / job server, e.g. http://HEAD:8265 (env RAY_ADDRESS)."),
     click.option("--auth-token-file", type=click.Path(dir_okay=False), default=None,
                  help="File holding the cluster's auth token. Default: RAY_AUTH_TOKEN, "
                       "RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token. The token is never printed."),

@@ -310,13 +310,16 @@ def test_generate_with_the_demo_job_gives_the_jobs_tokens(ray_local, tmp_path):
     ("report", "--baseline-run", "--baseline", "baseline", "runs/large"),
     ("bench-loop", "--limit", "--inputs", "num_inputs", "3"),
     ("bench-pipeline", "--limit", "--records", "records", "3"),
+    ("submit", "--dashboard", "--address", "address", "http://head:8265"),
+    ("status", "--dashboard", "--address", "address", "http://head:8265"),
 ])
 def test_one_name_per_idea_and_the_old_spelling_still_works(command, new, old, dest, value):
     """Options renamed so that one idea has one name across commands: the old spelling is a contract for a
     release (it parses to the same value), and --help shows the new name only."""
     cmd = main.commands[command]
     required = {"sweep": ["job.yaml"], "run": ["job.yaml"], "report": ["runs/x"],
-                "bench-loop": ["--small", "s", "--large", "l"], "bench-pipeline": []}[command]
+                "bench-loop": ["--small", "s", "--large", "l"], "bench-pipeline": [], "submit": ["job.yaml"],
+                "status": ["raysubmit_x"]}[command]
     for spelling in (new, old):
         context = cmd.make_context(command, [*required, spelling, value])
         assert str(context.params[dest]) == value, spelling
