@@ -10,10 +10,14 @@ tokens and statistics do not depend on the batch size; bad settings name their k
 
 from __future__ import annotations
 
+import functools
+
 import pydantic
 import pytest
 import torch
+from transformers import DynamicCache, EncoderDecoderCache
 
+import pipeline.decoding.scheduler as scheduler_module
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator
 from pipeline.decoding.policies import acceptance, cascade_target, deferral, residual, target_verify
 from pipeline.decoding.sampling import RowSampler
@@ -88,16 +92,38 @@ def cascade(rule: str, alpha: float, **settings) -> DecodingConfig:
                           **settings)
 
 
+@functools.lru_cache(maxsize=None)
+def hf_greedy(family: str, pair_kind: str, role: str) -> tuple[tuple[int, ...], ...]:
+    """transformers' own greedy search (generate) of one model of a tiny pair over TEXTS, cut after EOS: a
+    reference that runs neither our scheduler nor our engines."""
+    pair = tiny_pair(family, pair_kind, 0, engine="native")
+    model = getattr(pair, role)
+    outputs = []
+    for text in TEXTS:
+        input_ids = pair.tokenizer(text, return_tensors="pt")["input_ids"]
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.inference_mode():
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=MAX_NEW,
+                                 do_sample=False, num_beams=1, cache=cache)[0, 1:].tolist()
+        eos = [i for i, token in enumerate(out) if token in pair.eos_token_ids]
+        outputs.append(tuple(out[: eos[0] + 1] if eos else out))
+    return tuple(outputs)
+
+
 @pytest.mark.parametrize("family", ["t5", "bart"])
 def test_a_rule_that_always_defers_is_lossless_speculative_decoding(family):
+    """Greedy: chow at alpha 0 (max q < 1) defers at every position, so it writes the large model's greedy
+    output, transformers' own greedy search of it (not our `large` method), while the small model's own
+    greedy output is another: the deferrals replaced drafts. Sampled: the very draws of speculative sampling."""
     pair = tiny_pair(family, "noisy", 0, engine="native")
-    large = [r.token_ids for r in Generator(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW)).generate(TEXTS)]
+    large, small = ([list(tokens) for tokens in hf_greedy(family, "noisy", role)] for role in ("large", "small"))
+    assert large != small  # the premise: following the small model would show
     always = cascade("chow", 0.0)  # max q < 1: every position defers
     for batch in (None, BatchPolicy(3)):
         results = Generator(pair, always).generate(TEXTS, batch=batch)
-        assert [r.token_ids for r in results] == large
-        assert all(r.stats.deferrals == r.stats.draft_tokens for r in results)
-    assert sum(r.stats.rollbacks for r in results) > 0
+        assert len(results) == len(TEXTS)
+        assert [r.token_ids for r in results] == large, batch
+    assert sum(r.stats.rollbacks for r in results) > 0 and sum(r.stats.small_tokens for r in results) > 0
     # Sampling: the target is p at every position, so the very draws of speculative sampling (whose
     # distribution tests/decoding/test_distribution.py holds to p with a chi-square test).
     sampled = dict(do_sample=True, temperature=0.7, seed=3)
@@ -112,20 +138,29 @@ def test_a_rule_that_never_defers_keeps_every_draft_and_the_large_model_writes_a
     greedy choice and is kept; the token after a window kept whole comes from p, the large model's
     choice after it (as in speculative decoding; pi is q there only where q was drafted)."""
     pair = tiny_pair(family, "independent", 0, engine="native")
+    # A window as long as the budget: the output is the small model's own greedy output, transformers' greedy
+    # search of it, not the large model's.
+    small, large = ([list(tokens) for tokens in hf_greedy(family, "independent", role)] for role in ("small", "large"))
+    assert small != large
+    whole = Generator(pair, cascade("chow", 1.0, max_draft_tokens=MAX_NEW)).generate(TEXTS)
+    assert [r.token_ids for r in whole] == small
+    assert all(r.stats.small_tokens == len(r.token_ids) and r.stats.large_tokens == 0 for r in whole)
+    # A window of 3: three drafts of the small model's, then the large model's choice after them, again and
+    # again, each token the argmax of its model over the output before it (the models themselves, no cache).
     window = 3
-    config = cascade("chow", 1.0, max_draft_tokens=window)
-    generator = Generator(pair, config)
+    generator = Generator(pair, cascade("chow", 1.0, max_draft_tokens=window))
     for text in TEXTS:
         result = generator.generate_one(text)
-        stats = result.stats
-        assert stats.rollbacks == 0 and stats.deferrals == 0 and stats.small_tokens == stats.draft_tokens
         input_ids, _ = generator.encode(text)
         prefix = pair.decoder_prefix(input_ids[0]).tolist()
         tokens = result.token_ids
-        for position, token in enumerate(tokens):
-            model = pair.large if position % (window + 1) == window else pair.small
-            logits = next_token_logits(model, input_ids, prefix + tokens[:position])[-1]
-            assert token == int(logits.argmax()), (position, "large" if model is pair.large else "small")
+        assert len(tokens) == MAX_NEW
+        writers = ["large" if position % (window + 1) == window else "small" for position in range(len(tokens))]
+        for position, (token, writer) in enumerate(zip(tokens, writers)):
+            logits = next_token_logits(getattr(pair, writer), input_ids, prefix + tokens[:position])[-1]
+            assert token == int(logits.argmax()), (position, writer)
+        assert (result.stats.small_tokens, result.stats.large_tokens) == (writers.count("small"), writers.count("large"))
+        assert result.stats.rollbacks == 0
 
 
 @pytest.mark.parametrize("rule, alphas", [("chow", [0.0, 0.2, 0.5, 0.8, 1.0]), ("diff", [-0.5, 0.0, 0.1, 0.3, 1.0])])
@@ -163,21 +198,78 @@ def test_bad_settings_name_their_key(settings, key):
         DecodingSection(**settings)
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(do_sample=True, seed=2)], ids=["greedy", "sampled"])
-def test_the_rules_read_both_models_distributions_at_every_drafted_position(monkeypatch, settings):
-    """`opt` needs q and p themselves (their total variation), greedy too: every drafted position
-    hands the rule a distribution of each model."""
+@pytest.mark.parametrize("settings", [dict(), dict(do_sample=True, temperature=0.7, seed=2)], ids=["greedy", "sampled"])
+def test_each_verification_defers_where_the_models_themselves_say(monkeypatch, settings):
+    """Every verification of `opt` at alpha 0.5, held to the two models themselves (run without a cache on
+    the output so far, in float64): the logits it was handed at every drafted position and the one after;
+    q and p (tempered when sampling); its deferral decision at each drafted position, the rule worked out
+    here from those models' distributions (max q < max p - alpha * D_TV, untempered maxima, tempered D_TV);
+    greedy, the kept drafts and the token after them; sampled, a rejection only where it deferred (where it
+    does not, pi = q keeps the draft) and a replacement the residual max(0, p - q) can give. Put together,
+    the verifications rebuild the record's output, and its deferral count is the one worked out here."""
     import pipeline.decoding.policies as policies
 
-    seen = []
+    alpha, temperature = 0.5, settings.get("temperature", 1.0)
+    decisions, calls = [], []
+    real_deferral, real_verify = policies.deferral, scheduler_module.cascade_verify
 
-    def recording(rule, alpha, q_raw, p_raw, q, p):
-        seen.append((q_raw, p_raw, q, p))
-        return deferral(rule, alpha, q_raw, p_raw, q, p)
+    def recording_deferral(*args):
+        decisions.append(real_deferral(*args))
+        return decisions[-1]
 
-    monkeypatch.setattr(policies, "deferral", recording)
-    results = Generator(tiny_pair("t5", "noisy", 0), cascade("opt", 0.5, **settings)).generate(TEXTS[:2])
-    assert seen and sum(r.stats.draft_tokens for r in results) > 0
-    for q_raw, p_raw, q, p in seen:
-        for distribution in (q_raw, p_raw, q, p):
-            torch.testing.assert_close(distribution.sum(-1), torch.ones(distribution.shape[:-1], dtype=distribution.dtype))
+    def recording_verify(rule, a, drafts, num_drafts, small_logits, large_logits, draft_probs, large_probs, sampler):
+        verdict = real_verify(rule, a, drafts, num_drafts, small_logits, large_logits, draft_probs, large_probs, sampler)
+        calls.append((drafts.clone(), num_drafts.clone(), small_logits.clone(), large_logits.clone(),
+                      draft_probs.clone(), large_probs.clone(), verdict))
+        return verdict
+
+    monkeypatch.setattr(policies, "deferral", recording_deferral)
+    monkeypatch.setattr(scheduler_module, "cascade_verify", recording_verify)
+    pair = tiny_pair("t5", "noisy", 0)
+    generator = Generator(pair, cascade("opt", alpha, **settings))
+    deferred = drafted = close_calls = 0
+    for text in TEXTS[:2]:
+        decisions.clear()
+        calls.clear()
+        result = generator.generate_one(text)
+        assert result.error is None and len(calls) == len(decisions) == result.stats.large_calls > 0
+        input_ids, _ = generator.encode(text)
+        context = pair.decoder_prefix(input_ids[0]).tolist()
+        start, record_deferred = len(context), 0
+        for (drafts, num_drafts, small_logits, large_logits, q, p, verdict), decided in zip(calls, decisions,
+                                                                                            strict=True):
+            width = int(num_drafts[0])
+            window = drafts[0, :width].tolist()
+            small = next_token_logits(pair.small, input_ids, context + window[:-1])[len(context) - 1:].double()
+            large = next_token_logits(pair.large, input_ids, context + window)[len(context) - 1:].double()
+            assert small.shape[0] == width and large.shape[0] == width + 1
+            # (float32 against float64 on these sharp random models: logits agree to ~2e-4)
+            torch.testing.assert_close(small_logits[0, :width].double(), small, atol=1e-3, rtol=0)
+            torch.testing.assert_close(large_logits[0, : width + 1].double(), large, atol=1e-3, rtol=0)
+            q_want, p_want = torch.softmax(small / temperature, -1), torch.softmax(large / temperature, -1)
+            torch.testing.assert_close(q[0, :width].double(), q_want, atol=1e-4, rtol=0)
+            torch.testing.assert_close(p[0, : width + 1].double(), p_want, atol=1e-4, rtol=0)
+            distance = (q_want - p_want[:width]).clamp(min=0).sum(-1)
+            margin = (torch.softmax(large[:width], -1).max(-1).values - alpha * distance
+                      - torch.softmax(small, -1).max(-1).values)
+            want = margin > 0
+            clear = margin.abs() > 1e-3  # a float tie may fall either way
+            close_calls += int((~clear).sum())
+            got = decided[0, :width]
+            assert torch.equal(got[clear], want[clear]), (margin, got)
+            record_deferred += int(got.sum())
+            accepted, next_token = int(verdict.accepted[0]), int(verdict.next_token[0])
+            if "do_sample" not in settings:
+                replaced = [i for i in range(width) if got[i] and window[i] != int(large[i].argmax())]
+                assert accepted == (replaced[0] if replaced else width)
+                assert next_token == int(large[accepted].argmax())
+            elif accepted < width:  # rejected: only where it deferred, and replaced from max(0, p - q)
+                assert got[accepted] and p_want[accepted, next_token] > q_want[accepted, next_token]
+            context += window[:accepted]
+            if len(context) - start < MAX_NEW:
+                context.append(next_token)
+        assert context[start:] == result.token_ids
+        assert result.stats.deferrals == record_deferred and result.stats.draft_tokens == sum(
+            int(call[1][0]) for call in calls)
+        deferred, drafted = deferred + record_deferred, drafted + result.stats.draft_tokens
+    assert 0 < deferred < drafted and close_calls <= 1, (deferred, drafted, close_calls)  # both branches ran

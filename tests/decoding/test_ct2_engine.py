@@ -5,13 +5,16 @@ cannot run, naming the key."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
 from pipeline.decoding.engines import ct2_engine
 from pipeline.decoding.engines.ct2_engine import CT2Generator, checkpoint_hash, converted_checkpoint
+from pipeline.decoding.generator import encode_text
 from pipeline.decoding.scheduler import BatchPolicy
 from pipeline.tiny import save_pair
 from support.pairs import TEXTS
@@ -54,42 +57,82 @@ def test_ct2_decodes_as_our_engine_does(saved_pair, method, tmp_path):
 
 
 def test_ct2_int8_runs_ct2s_int8_and_greedy_only(saved_pair, tmp_path):
+    """quantize: int8 is CTranslate2's own int8 arithmetic, not a label: CTranslate2 reports an int8 compute
+    type, and its log-probabilities of the float32 model's greedy output move off float32's, yet stay much
+    closer to them than a copy of the weights with 10% noise (the pair's small model) does."""
     small, large = saved_pair
     greedy = DecodingConfig(method="large", max_new_tokens=16)
     spec = ModelSpec(small, large, device="cpu", engine="ct2", quantize="int8", ct2_cache=str(tmp_path))
     int8 = CT2Generator(spec, greedy)
-    assert int8.model.compute_type == "int8" and int8.quantize == "int8"
-    assert all(r.error is None and r.stats.output_tokens > 0 for r in int8.generate(TEXTS))
+    float32 = CT2Generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)), greedy)
+    noisy = CT2Generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)),
+                         DecodingConfig(method="small", max_new_tokens=16))
+    assert int8.model.translator.compute_type.startswith("int8"), int8.model.translator.compute_type
+    assert float32.model.translator.compute_type == "float32"
+    assert int8.int8_scheme == "ctranslate2-int8" and float32.int8_scheme is None
+    texts = [text for text in INPUTS if text]
+    results = int8.generate(texts)
+    assert len(results) == len(texts) and all(r.error is None and r.stats.output_tokens > 0 for r in results)
+    tokenizer = float32.tokenizer
+    off = {"int8": [], "noisy": []}  # |log p - log p_float32| per position of float32's greedy output
+    for text, result in zip(texts, float32.generate(texts)):
+        source = tokenizer.convert_ids_to_tokens(encode_text(tokenizer, text, greedy.max_input_tokens)[0][0].tolist())
+        target = tokenizer.convert_ids_to_tokens(result.token_ids)
+        want = torch.tensor(float32.model.translator.score_batch([source], [target])[0].log_probs)
+        for name, other in (("int8", int8), ("noisy", noisy)):
+            got = torch.tensor(other.model.translator.score_batch([source], [target])[0].log_probs)
+            assert got.shape == want.shape
+            off[name].append((got - want).abs())
+    int8_off, noisy_off = (float(torch.cat(values).mean()) for values in (off["int8"], off["noisy"]))
+    assert int8_off > 1e-3, int8_off  # int8 arithmetic ran: float32 would give the very same scores
+    assert int8_off < 0.5 * noisy_off, (int8_off, noisy_off)  # and stayed close to float32
     with pytest.raises(ValueError, match="decoding.do_sample with models.engine ct2"):  # no seed: no sampling
         CT2Generator(spec, DecodingConfig(method="large", do_sample=True))
 
 
 def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_are(saved_pair, tmp_path, monkeypatch):
+    """A checkpoint is converted once per content: converting it again, or a byte-identical copy of it
+    elsewhere, reuses the folder; editing its weights (a further fine-tune: here the small model's weights,
+    the same architecture) converts anew into a folder named by the new content, leaves the old one as it
+    was, and the engine then writes the new weights' tokens (those of our engine on the edited checkpoint)."""
     small, large = saved_pair
+    cache = tmp_path / "cache"
     calls = []
     convert = ct2_engine.convert_folder
     monkeypatch.setattr(ct2_engine, "convert_folder", lambda *a: calls.append(a) or convert(*a))
-    folder = converted_checkpoint(large, tmp_path / "cache")
-    assert converted_checkpoint(large, tmp_path / "cache") == folder and len(calls) == 1  # once per content
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no partial folder left
+    folder = converted_checkpoint(large, cache)
+    assert len(calls) == 1 and folder.name.startswith(f"{checkpoint_hash(Path(large))}-ct2-")
+    converted_at = (folder / "model.bin").stat().st_mtime_ns
+    same = tmp_path / "same"
+    shutil.copytree(large, same)
+    assert converted_checkpoint(large, cache) == converted_checkpoint(str(same), cache) == folder
+    assert len(calls) == 1  # unchanged content: no second conversion
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no partial folder left
+
     changed = tmp_path / "changed"
     shutil.copytree(large, changed)
-    (changed / "README.md").write_text("fine-tuned further")  # any file of the folder is its content
-    assert checkpoint_hash(changed) != checkpoint_hash(tmp_path / "cache" / folder.name) != ""
-    assert converted_checkpoint(str(changed), tmp_path / "cache") != folder and len(calls) == 2
-
+    shutil.copy(Path(small) / "model.safetensors", changed / "model.safetensors")  # only the weights change
+    reconverted = converted_checkpoint(str(changed), cache)
+    assert len(calls) == 2 and Path(calls[-1][0]) == changed  # the edit made it convert again ...
+    assert reconverted != folder and reconverted.name.startswith(f"{checkpoint_hash(changed)}-ct2-")
+    assert checkpoint_hash(changed) != checkpoint_hash(Path(large))  # ... keyed by the new content
+    assert (folder / "model.bin").stat().st_mtime_ns == converted_at  # the old conversion is left as it was
     config = DecodingConfig(method="large", max_new_tokens=16)
-    from_checkpoint = CT2Generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(tmp_path / "cache")), config)
+    original = _columns(CT2Generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(cache)), config).generate(TEXTS))
+    edited = CT2Generator(ModelSpec(small, str(changed), engine="ct2", ct2_cache=str(cache)), config)
+    ours = Generator(ModelPair.from_pretrained(small, str(changed), device="cpu", engine="native"), config)
+    assert _columns(edited.generate(TEXTS)) == _columns(ours.generate(TEXTS)) != original  # the new weights' tokens
+    assert len(calls) == 2  # both loads found their conversions in the cache
+
     from_folder = CT2Generator(ModelSpec(small, str(folder), engine="ct2", ct2_cache=str(tmp_path / "unused")), config)
     assert len(calls) == 2 and not (tmp_path / "unused").exists()
-    assert _columns(from_folder.generate(TEXTS)) == _columns(from_checkpoint.generate(TEXTS))
+    assert _columns(from_folder.generate(TEXTS)) == original
     bare = tmp_path / "weights-only"  # a checkpoint without its tokenizer: models.tokenizer names it
     bare.mkdir()
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         shutil.copy(f"{large}/{name}", bare)
-    named = CT2Generator(ModelSpec(small, str(bare), tokenizer=large, engine="ct2", ct2_cache=str(tmp_path / "cache")),
-                         config)
-    assert _columns(named.generate(TEXTS)) == _columns(from_checkpoint.generate(TEXTS))
+    named = CT2Generator(ModelSpec(small, str(bare), tokenizer=large, engine="ct2", ct2_cache=str(cache)), config)
+    assert _columns(named.generate(TEXTS)) == original
 
 
 def test_ct2_refuses_the_methods_that_verify_drafts(saved_pair, tmp_path):

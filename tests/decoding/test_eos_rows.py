@@ -99,15 +99,16 @@ def test_scripted_rows_end_on_eos_at_their_own_step_in_any_batch(name):
     assert len({len(tokens) for tokens in want if tokens[-1] == EOS}) >= 4
     assert any(len(tokens) == SCRIPTED_MAX_NEW and EOS not in tokens for tokens in want)
     alone, _ = run_scripted(name, 1)
-    assert [out.tokens for out in alone] == want
+    assert len(alone) == len(ORDER) and [out.tokens for out in alone] == want
     if name == "bild":  # the paths named in TARGETS ran
-        for row, out in zip(ORDER, alone):
+        for row, out in zip(ORDER, alone, strict=True):
             got = {key: getattr(out.stats, key) for key in BILD_STATS[row]}
             assert got == BILD_STATS[row], row
     for batch_size in (2, 3, 4, 8):
         outputs, large = run_scripted(name, batch_size)
+        assert len(outputs) == len(ORDER), batch_size  # one output per request: none lost, none added
         assert len(large.admitted) > 1  # queued requests joined while other rows were decoding
-        for row, solo, out in zip(ORDER, alone, outputs):
+        for row, solo, out in zip(ORDER, alone, outputs, strict=True):
             assert out.tokens == solo.tokens, (batch_size, row)
             assert out.stats.to_dict() == solo.stats.to_dict(), (batch_size, row)
             assert out.stats.small_tokens + out.stats.large_tokens == out.stats.output_tokens == len(out.tokens)
@@ -195,10 +196,13 @@ def test_rows_ending_on_eos_decode_in_a_batch_as_alone_on_both_engines(family, n
     for engine in ENGINES:
         generator = Generator(eos_pair(family, engine), config)
         solo[engine] = generator.generate(INPUTS, seeds=seeds)
+        assert len(solo[engine]) == len(INPUTS)
         assert_rows_end_apart(solo[engine])
         for batch in BATCHES:
             results = generator.generate(INPUTS, seeds=seeds, batch=batch)
-            for want, got in zip(solo[engine], results):
+            assert len(results) == len(INPUTS), (engine, batch)  # one result per record, the last one too
+            assert [r.input_tokens for r in results] == [r.input_tokens for r in solo[engine]], (engine, batch)
+            for want, got in zip(solo[engine], results, strict=True):
                 assert got.token_ids == want.token_ids, (engine, batch)
                 assert got.stats.to_dict() == want.stats.to_dict(), (engine, batch)
     assert [r.token_ids for r in solo["native"]] == [r.token_ids for r in solo["hf"]]
@@ -213,6 +217,7 @@ def test_greedy_bild_without_rollback_threshold_stops_where_the_large_model_stop
     own greedy search, so a row that decodes past EOS cannot hide behind our own large loop."""
     pair = eos_pair(family, engine)
     expected = Generator(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW)).generate(INPUTS)
+    assert len(expected) == len(INPUTS)
     assert_rows_end_apart(expected)
     assert [r.token_ids for r in expected] == hf_greedy(family)
     totals = dict(fallbacks=0, rollbacks=0, small_tokens=0)
@@ -222,7 +227,10 @@ def test_greedy_bild_without_rollback_threshold_stops_where_the_large_model_stop
     for variant in variants:
         generator = Generator(pair, DecodingConfig(max_new_tokens=MAX_NEW, **variant))
         for batch in (None, BatchPolicy(3), BatchPolicy(8, refill_share=0.5)):
-            for want, got in zip(expected, generator.generate(INPUTS, batch=batch)):
+            results = generator.generate(INPUTS, batch=batch)
+            assert len(results) == len(INPUTS), (variant, batch)  # one result per record, the last one too
+            assert [r.input_tokens for r in results] == [r.input_tokens for r in expected], (variant, batch)
+            for want, got in zip(expected, results, strict=True):
                 assert got.token_ids == want.token_ids, (variant, batch)
                 s = got.stats
                 assert s.small_tokens + s.large_tokens == s.output_tokens == len(got.token_ids)

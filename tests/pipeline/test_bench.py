@@ -11,10 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline.bench.harness import interleave
-from pipeline.bench.methods import HF, OURS, render_markdown, run_bench
+from pipeline.bench.harness import Measured, interleave
+from pipeline.bench.methods import HF, OURS, render_markdown, run_bench, summarize_methods
 from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
+from pipeline.decoding.stats import DecodeOutput
 from pipeline.tiny import save_pair
 from support import REPO
 from support.pairs import TEXTS, tiny_pair
@@ -38,6 +39,94 @@ def test_interleave_rotates_the_order_and_keeps_every_result():
     assert len(runs["c"].all_seconds) == 4 and runs["c"].total_seconds == sum(runs["c"].repetition_seconds())
 
 
+def assert_speeds_follow_the_timings(rows: dict) -> None:
+    """Every method row's speed ratios are its yardstick's time over its own: every method decodes the same
+    inputs the same number of times, so that is the ratio of their mean latencies in the same report."""
+    for yardstick, key in (("large", "speedup_vs_large"), ("ct2_large", "speed_vs_ct2_large"),
+                           ("ct2_large_int8", "speed_vs_ct2_large_int8")):
+        for name, row in rows.items():
+            if yardstick not in rows:
+                assert key not in row, (name, key)
+                continue
+            want = rows[yardstick]["mean_latency_ms"] / row["mean_latency_ms"]
+            assert row[key] == pytest.approx(want, rel=1e-9), (name, key)
+
+
+def assert_ratios_follow_the_rates(cells: dict) -> None:
+    """Every batch row's ratios are its tokens/s over its yardstick cell's tokens/s in the same report."""
+    for name, row in cells.items():
+        size, method = row["batch_size"], row["method"]
+        yardsticks = {"ratio_vs_loop_b1": f"{method} loop", "ratio_vs_batch_b1": f"{method} B=1",
+                      "ratio_vs_large_same_b": "large loop" if row["path"] == "loop" else f"large B={size}",
+                      "ratio_vs_ct2_large_same_b": f"ct2_large B={size}",
+                      "ratio_vs_ct2_large_int8_same_b": f"ct2_large_int8 B={size}"}
+        for key, yardstick in yardsticks.items():
+            if yardstick in cells:
+                assert row[key] == pytest.approx(row["tokens_per_s"] / cells[yardstick]["tokens_per_s"], rel=1e-9), \
+                    (name, key)
+            else:
+                assert key not in row, (name, key)
+
+
+def test_speed_ratios_are_computed_from_the_timings():
+    """summarize_methods on hand-made timings: each ratio is the yardstick's total time over the method's."""
+    pair = tiny_pair("t5", "noisy")
+    outputs = [DecodeOutput([5, 6, 7]), DecodeOutput([8, 9])]  # 5 tokens per repetition
+
+    def measured(*repetitions):
+        return Measured(seconds=[list(r) for r in repetitions], results=[outputs for _ in repetitions])
+
+    runs = {"large": measured((0.2, 0.3), (0.25, 0.25)), "bild": measured((0.1, 0.1), (0.15, 0.15)),
+            "ct2_large": measured((0.5, 0.5), (0.5, 0.5)), "ct2_large_int8": measured((0.3, 0.2), (0.3, 0.2))}
+    rows = {row["method"]: row for row in summarize_methods(pair, runs, None)}
+    want = {  # (speedup_vs_large, speed_vs_ct2_large, speed_vs_ct2_large_int8, tokens_per_s, mean_latency_ms)
+        "large": (1.0, 2.0, 1.0, 10.0, 250.0),
+        "bild": (2.0, 4.0, 2.0, 20.0, 125.0),
+        "ct2_large": (0.5, 1.0, 0.5, 5.0, 500.0),
+        "ct2_large_int8": (1.0, 2.0, 1.0, 10.0, 250.0),
+    }
+    keys = ("speedup_vs_large", "speed_vs_ct2_large", "speed_vs_ct2_large_int8", "tokens_per_s", "mean_latency_ms")
+    assert set(rows) == set(want)
+    for name, expected in want.items():
+        assert tuple(rows[name][key] for key in keys) == pytest.approx(expected, rel=1e-12), name
+    assert_speeds_follow_the_timings(rows)
+
+
+def test_batch_ratios_are_computed_from_the_timings():
+    """bench-batch's summarize on hand-made cells: tokens/s over each cell's median repetition, and each
+    ratio that over its yardstick's (the same method at batch size 1, loop or batch; large and CTranslate2
+    at the same batch size)."""
+    from pipeline.bench.batch import Cell, summarize
+
+    pair = tiny_pair("t5", "noisy")
+    tokens = [[1] * 6, [2] * 4]  # 10 tokens
+    cells = [Cell("large", 0, seconds=[2.0, 1.0, 4.0], tokens=tokens), Cell("large", 1, seconds=[1.0], tokens=tokens),
+             Cell("large", 3, seconds=[0.5], tokens=tokens), Cell("bild", 0, seconds=[1.0], tokens=tokens),
+             Cell("bild", 1, seconds=[0.8], tokens=tokens), Cell("bild", 3, 0.5, seconds=[0.25], tokens=tokens),
+             Cell("ct2_large", 1, seconds=[2.0], tokens=tokens), Cell("ct2_large", 3, seconds=[1.0], tokens=tokens)]
+    config = DecodingConfig(method="bild", max_new_tokens=12)
+    report = summarize(pair, cells, None, config, inputs=2, repeats=1)
+    rows = {row["cell"]: row for row in report["rows"]}
+    keys = ("tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
+            "ratio_vs_ct2_large_same_b")
+    want = {  # worked out by hand from the seconds above (None: no such yardstick)
+        "large loop": (5.0, 1.0, 0.5, 1.0, 1.0),
+        "large B=1": (10.0, 2.0, 1.0, 1.0, 2.0),
+        "large B=3": (20.0, 4.0, 2.0, 1.0, 2.0),
+        "bild loop": (10.0, 1.0, 0.8, 2.0, 2.0),
+        "bild B=1": (12.5, 1.25, 1.0, 1.25, 2.5),
+        "bild B=3 share=0.5": (40.0, 4.0, 3.2, 2.0, 4.0),
+        "ct2_large B=1": (5.0, None, 1.0, 0.5, 1.0),
+        "ct2_large B=3": (10.0, None, 2.0, 0.5, 1.0),
+    }
+    assert set(rows) == set(want)
+    for name, expected in want.items():
+        assert [key for key, value in zip(keys, expected) if value is None] == [k for k in keys if k not in rows[name]]
+        assert [rows[name][key] for key, value in zip(keys, expected) if value is not None] == \
+            pytest.approx([value for value in expected if value is not None], rel=1e-12), name
+    assert_ratios_follow_the_rates(rows)
+
+
 def test_bench_runs_every_method_side_by_side():
     pair = tiny_pair("t5", "noisy")
     config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
@@ -47,7 +136,7 @@ def test_bench_runs_every_method_side_by_side():
     # Greedy speculative decoding and HF's own greedy paths reproduce the large model's output.
     for lossless in ("large", "speculative", "hf_generate", "hf_assisted"):
         assert rows[lossless]["exact_match_with_large"] == 1.0, lossless
-    assert rows["large"]["speedup_vs_large"] == 1.0
+    assert_speeds_follow_the_timings(rows)  # every row's speedup from its own and large's measured times
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
     assert report["bleu_signature"].startswith("nrefs:1|") and "BLEU: sacrebleu nrefs:1|" in render_markdown(report)
@@ -94,7 +183,7 @@ def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1
     assert set(cells) == {"large loop", "bild loop", "large B=1", "large B=3", "bild B=1",
                           "bild B=3 share=0.5", "bild B=3 share=1.0"}
     assert all(row["identical_to_b1"] for row in cells.values())  # batching never changes a row's output
-    assert cells["large B=3"]["ratio_vs_large_same_b"] == 1.0 and cells["bild loop"]["ratio_vs_loop_b1"] == 1.0
+    assert_ratios_follow_the_rates(cells)  # each ratio from the two cells' measured tokens/s
     assert cells["large B=3"]["large_calls"] < cells["large B=1"]["large_calls"]  # rows shared passes
     assert "| bild B=3 share=1.0 |" in render_batch(report)
     for row in cells.values():  # where each run's time went: steps and admissions happen inside its wall time
@@ -142,8 +231,7 @@ def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     rows = {row["method"]: row for row in report["methods"]}
     assert set(rows) == set(OURS + HF + CT2)
     assert rows["ct2_large"]["exact_match_with_large"] == 1.0
-    assert rows["ct2_large"]["speed_vs_ct2_large"] == 1.0 and rows["bild"]["speed_vs_ct2_large"] > 0
-    assert rows["ct2_large_int8"]["speed_vs_ct2_large_int8"] == 1.0 and rows["bild"]["speed_vs_ct2_large_int8"] > 0
+    assert_speeds_follow_the_timings(rows)  # every row against each translator's own measured times
     assert rows["ct2_large_int8"]["speed_vs_ct2_large"] != 1.0  # a second translator, timed on its own
     assert "speed_vs_ct2_large" in render_markdown(report) and "CTranslate2 4." in render_markdown(report)
 
@@ -151,10 +239,8 @@ def test_bench_adds_ctranslate2_rows_on_the_same_models(tmp_path):
     cells = {row["cell"]: row for row in report["rows"]}
     assert {"ct2_large B=1", "ct2_large B=3"} <= set(cells)
     assert cells["ct2_large B=3"]["identical_to_ours"] and cells["ct2_large B=3"]["identical_to_b1"]
-    assert cells["ct2_large B=3"]["ratio_vs_ct2_large_same_b"] == 1.0
-    assert cells["large B=3"]["ratio_vs_ct2_large_same_b"] > 0
-    assert cells["ct2_large_int8 B=3"]["ratio_vs_ct2_large_int8_same_b"] == 1.0
-    assert cells["large B=3"]["ratio_vs_ct2_large_int8_same_b"] > 0
+    assert_ratios_follow_the_rates(cells)
+    assert {"ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b"} <= set(cells["large B=3"])
     assert "| ct2_large B=3 |" in render_batch(report)
 
 
