@@ -21,9 +21,11 @@ from pipeline.decoding.engines.ct2_engine import CT2Generator
 from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
+from pipeline.io.segments import documents_of, join_results, unit_key
 from pipeline.metrics import quality as q
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
+DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document, beside its text
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,15 @@ class DecodeStageSpec:
     baseline_engine: str | None = None  # report.baseline_engine where it differs from models.engine
     task: str = "translation"  # which quality statistics each row with a reference carries
     in_flight_registry: str | None = None  # the run's InFlightRecords actor (pipeline/in_flight.py)
+    segment: str = "none"  # input.segment: "sentence" decodes each record's sentences as units (io/segments.py)
+    language: str = "en"  # input.language: the sentence splitter's rules
+
+
+def _segments(row: dict) -> int:
+    """The row's `segments` column: its sentences where the job segments (0: an empty document), else 1."""
+    if DOCUMENT not in row:
+        return 1
+    return len(row[DOCUMENT].sentences) if row[DOCUMENT] else 0
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -88,6 +99,9 @@ class DecodeStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
+        if self.spec.segment == "sentence":  # split once, for every pass: the stage's own key, never written
+            for row, document in zip(records, documents_of(records, self.spec.language)):
+                row[DOCUMENT] = document
         ids = [row["id"] for row in records]
         killers, retried = self.guard.begin(ids)  # a retry after a crash decodes record by record
         try:
@@ -140,7 +154,8 @@ class DecodeStage:
 
     def _decode(self, generator: Generator, records: list[dict]) -> list[GenerationResult]:
         """One result per record: rows that failed to read keep their error; the rest are decoded
-        together (batch_size > 1) or one by one."""
+        together (batch_size > 1) or one by one, a segmented record's sentences as units among the
+        others' and its result put back together from theirs (io/segments.py)."""
         kill_if_chosen([row["id"] for row in records])
         config = generator.config
         results: list[GenerationResult | None] = [None] * len(records)
@@ -149,11 +164,17 @@ class DecodeStage:
             if row.get("input_error"):
                 results[i] = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
                 continue
-            texts.append(apply_prompt(self.spec.prompt, row["text"]))
-            seeds.append(record_seed(config.seed, row["id"]))
-            where.append(i)
+            document = row.get(DOCUMENT)
+            for k, text in enumerate(document.sentences if document is not None else [row["text"]]):
+                texts.append(apply_prompt(self.spec.prompt, text))
+                seeds.append(record_seed(config.seed, unit_key(row["id"], k)))
+                where.append(i)
+        units: dict[int, list[GenerationResult]] = {i: [] for i, row in enumerate(records) if results[i] is None}
         for i, result in zip(where, generator.generate(texts, seeds, batch=self.batch_policy)):
-            results[i] = result
+            units[i].append(result)
+        for i, decoded in units.items():
+            document = records[i].get(DOCUMENT)
+            results[i] = join_results(document, decoded, config.method) if document is not None else decoded[0]
         return results
 
     def _output_row(self, row: dict, point: str, result: GenerationResult, baseline: GenerationResult | None,
@@ -163,6 +184,7 @@ class DecodeStage:
             "id": row["id"],
             "reference": row.get("reference"),
             **result.to_record(),
+            "segments": _segments(row),
             "job_name": self.spec.job_name,
             "config_hash": self.spec.config_hash,
             "worker": self.worker,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -49,6 +50,31 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class TokenBudget:
+    """``max_new_tokens`` that follows the input: a unit of ``n`` input tokens (a record, or one sentence of it
+    with input.segment: sentence; ``n`` counted as the input_tokens column does, after truncation, prompt
+    included) may generate ``min(cap, ceil(ratio * n) + extra)`` tokens, EOS included; no cap: the ratio alone
+    (n is at most max_input_tokens)."""
+
+    ratio: float
+    extra: int = 0
+    cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ratio > 0:
+            raise ValueError(f"max_new_tokens.ratio must be > 0, got {self.ratio}")
+        if self.extra < 0:
+            raise ValueError(f"max_new_tokens.extra must be >= 0, got {self.extra}")
+        if self.cap is not None and self.cap < 1:
+            raise ValueError(f"max_new_tokens.cap must be >= 1, got {self.cap}")
+
+    def tokens(self, input_tokens: int) -> int:
+        """The budget of a unit of ``input_tokens`` input tokens: at least 1."""
+        budget = math.ceil(self.ratio * input_tokens - 1e-9) + self.extra  # 1.5 * 4 is 6, not 7 from 6.000001
+        return max(1, budget if self.cap is None else min(self.cap, budget))
+
+
+@dataclass(frozen=True)
 class DecodingConfig:
     """Everything that decides how one record is decoded.
 
@@ -76,7 +102,8 @@ class DecodingConfig:
     # `speculative` only: lossy speculative sampling's lambda (0: lossless; Leviathan et al., A.5).
     lenience: float = 0.0
     max_input_tokens: int = 512
-    max_new_tokens: int = 128
+    # Tokens a unit may generate, EOS included: a number, or a TokenBudget that follows each unit's input (budget()).
+    max_new_tokens: int | TokenBudget = 128
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -103,8 +130,10 @@ class DecodingConfig:
             problems.append(f"fallback_threshold must lie in [0, 1], got {self.fallback_threshold}")
         if self.rollback_threshold < 0:
             problems.append(f"rollback_threshold must be >= 0, got {self.rollback_threshold}")
+        if isinstance(self.max_new_tokens, dict):  # as asdict() and a job file write it
+            object.__setattr__(self, "max_new_tokens", TokenBudget(**self.max_new_tokens))
         for name in ("max_draft_tokens", "max_input_tokens", "max_new_tokens"):
-            if getattr(self, name) < 1:
+            if not isinstance(getattr(self, name), TokenBudget) and getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature} (use do_sample: false for greedy)")
@@ -112,6 +141,12 @@ class DecodingConfig:
             problems.append(f"top_p must lie in (0, 1], got {self.top_p}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def budget(self, input_tokens: int) -> int:
+        """The most tokens a unit of ``input_tokens`` input tokens may generate (max_new_tokens)."""
+        if isinstance(self.max_new_tokens, TokenBudget):
+            return self.max_new_tokens.tokens(input_tokens)
+        return self.max_new_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

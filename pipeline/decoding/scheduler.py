@@ -95,6 +95,7 @@ class _Row:
     draft_logits: list[torch.Tensor] = field(default_factory=list)  # the small model's logits per draft (cascade)
     waiting: bool = False
     ended_on_eos: bool = False
+    budget: int = 0  # the most tokens this record may generate (DecodingConfig.budget of its input)
 
     def produced(self) -> int:
         return self.length - self.start
@@ -144,7 +145,8 @@ class Scheduler:
         # Shortest inputs first: newcomers admitted together are padded to the longest of them (as
         # CTranslate2 sorts a batch by length). Each row's tokens never depend on its neighbours.
         queue = deque(sorted(range(len(requests)), key=lambda index: len(requests[index].input_ids)))
-        buffer_length = max(len(self.prefix_for(r.input_ids)) for r in requests) + self.config.max_new_tokens + 1
+        buffer_length = max(len(self.prefix_for(r.input_ids)) + self.config.budget(len(r.input_ids))
+                            for r in requests) + 1
         self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
@@ -182,7 +184,8 @@ class Scheduler:
         if self.config.do_sample:
             sampler = RowSampler.seeded([requests[index].seed], device=self.device)
         return _Row(request=index, slot=slot, start=len(prefix), length=len(prefix),
-                    joined=time.perf_counter(), sampler=sampler)
+                    joined=time.perf_counter(), sampler=sampler,
+                    budget=self.config.budget(len(requests[index].input_ids)))
 
     def _admit(self, rows: list[_Row], requests: Sequence[BatchRequest]) -> None:
         """Newcomers take their slots; encoder-decoder engines run the encoder once for all of them
@@ -221,7 +224,7 @@ class Scheduler:
             row.length += 1
             setattr(row.stats, f"{writer}_tokens", row.produced())
             setattr(row.stats, f"{writer}_calls", row.produced())
-            if token in self.eos_ids or row.produced() >= self.config.max_new_tokens:
+            if token in self.eos_ids or row.produced() >= row.budget:
                 finished.append(row)
         return finished
 
@@ -248,7 +251,7 @@ class Scheduler:
             return
         most = self.config.max_draft_tokens if self.draft_length is None else self.draft_length.choose(len(active))
         for row in opening:
-            row.window = min(most, self.config.max_new_tokens - row.produced())
+            row.window = min(most, row.budget - row.produced())
             if row.window == 0:
                 row.waiting = True
                 row.stats.plain_steps += 1
@@ -361,12 +364,12 @@ class Scheduler:
             self.small.rewind(row.slot, row.length)
             self.large.rewind(row.slot, row.length)
             done = accepted[i] == row.drafts and row.ended_on_eos  # a kept EOS ends the sequence
-            if not done and row.produced() < config.max_new_tokens:
+            if not done and row.produced() < row.budget:
                 self.sequence[row.slot, row.length] = next_token[i]
                 row.length += 1
                 stats.large_tokens += 1
                 done = next_token[i] in self.eos_ids
-            done = done or row.produced() >= config.max_new_tokens
+            done = done or row.produced() >= row.budget
             row.drafts, row.draft_probs, row.draft_logits, row.waiting, row.ended_on_eos = 0, [], [], False, False
             row.window, row.window_calls = None, 0
             if done:

@@ -23,8 +23,17 @@ OUTPUT_SCHEMA = pa.schema(
         ("method", pa.string()),
         ("input_tokens", pa.int32()),
         ("truncated", pa.bool_()),
+        # Sentences the record was split into and decoded as units (input.segment: sentence; the row's
+        # counters are their sums), else 1.
+        ("segments", pa.int32()),
         *[(name, pa.int32()) for name in STATS_COLUMNS],
         ("latency_ms", pa.float64()),
+        # The row's flags (decoding/generator.py): the output ran to decoding.max_new_tokens without EOS;
+        # its tail loops (its last n tokens or words, n <= 4, repeated 3 times); source tokens that became
+        # the tokenizer's unknown token. Null on error rows (unknown_tokens: where the input never encoded).
+        ("stopped_by_budget", pa.bool_()),
+        ("repetition", pa.bool_()),
+        ("unknown_tokens", pa.int32()),
         ("job_name", pa.string()),
         ("config_hash", pa.string()),
         ("worker", pa.string()),  # host:pid of the actor that decoded the row (per-actor throughput)

@@ -3,7 +3,8 @@
 No cluster: the run's Parquet files are read with pyarrow (run_rows.py), the numeric columns
 (latency, token counts) at once. Quality is the sum of the statistics the actors wrote with each row
 (`quality_stats`), scored once; rows without them (older runs) have theirs counted from the texts,
-read in batches, so memory stays bounded however many rows the run has.
+read in batches, so memory stays bounded however many rows the run has. The rows' flags are counted
+and their worst rows listed. report_markdown.py words it all as report.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow.dataset as pads
 from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
+from pipeline.jobs.report_markdown import render_markdown, render_paired, result_line  # noqa: F401 - their home
 from pipeline.jobs.run_rows import BATCH_ROWS, RunRows, read_run
 from pipeline.metrics import quality as q
 from pipeline.metrics.summary import run_summary
@@ -166,8 +168,9 @@ PAIRED_COLUMNS = ("prediction", "reference", "error", "latency_ms", "output_toke
 
 def paired_baseline(rows: RunRows, task: str) -> dict | None:
     """The job's method against report.baseline on the records decoded by both (side by side on
-    the same actors): speedup, both qualities and the quality difference with a 95% paired
-    bootstrap interval. None when the run has no paired records."""
+    the same actors): speedup and the quality difference, each with a 95% paired bootstrap interval
+    (the same resampling of records, quality.bootstrap), and both qualities. None when the run has
+    no paired records."""
     if "baseline_prediction" not in rows.columns:
         return None
     raw = rows.table(rows.present(PAIRED_COLUMNS + ("engine", "quantize", "baseline_engine")),
@@ -183,6 +186,13 @@ def paired_baseline(rows: RunRows, task: str) -> dict | None:
              "records": table.num_rows,
              "mean_latency_ms": float(latency.mean()), "baseline_mean_latency_ms": float(baseline_latency.mean()),
              "latency_speedup": float(baseline_latency.sum() / latency.sum()) if latency.sum() else None}
+    if found["latency_speedup"] is not None:
+        def speedup(pick: np.ndarray) -> dict[str, float]:  # the same ratio of sums, on the rows picked
+            run = latency[pick].sum()
+            return {"latency_speedup": float(baseline_latency[pick].sum() / run) if run else float("nan")}
+
+        interval = q.bootstrap(len(latency), speedup)["latency_speedup"]
+        found["latency_speedup_interval"] = {"low": interval["low"], "high": interval["high"]}
     scored = table.filter(table["scored"])
     found["records_scored"] = scored.num_rows
     if scored.num_rows:
@@ -236,6 +246,53 @@ def _agreement(run: RunRows, baseline: RunRows) -> dict:
     }
 
 
+FLAG_COLUMNS = ("stopped_by_budget", "repetition", "unknown_tokens")
+FLAGGED_ROWS = 5  # the worst rows report.md lists for each flag
+EXCERPT_CHARS = 80  # of a listed row's prediction: its start and its end (where loops are)
+
+
+def row_flags(rows: RunRows, numeric: pa.Table) -> tuple[dict, dict[str, list[dict]]] | None:
+    """(how many rows each flag marks, the worst FLAGGED_ROWS rows of each: id, output tokens, unknown
+    tokens and a prediction excerpt). None for a run written before the rows carried flags."""
+    if not all(name in numeric.column_names for name in FLAG_COLUMNS):
+        return None
+    checked = numeric.filter(pc.is_valid(numeric["stopped_by_budget"]))
+    unknown = checked["unknown_tokens"]
+    counts = {"rows_checked": checked.num_rows,
+              "stopped_by_budget": int(pc.sum(pc.cast(checked["stopped_by_budget"], pa.int64())).as_py() or 0),
+              "repetition": int(pc.sum(pc.cast(pc.fill_null(checked["repetition"], False), pa.int64())).as_py() or 0),
+              "rows_with_unknown_tokens": int(pc.sum(pc.cast(pc.greater(unknown, 0), pa.int64())).as_py() or 0),
+              "unknown_tokens": int(pc.sum(unknown).as_py() or 0)}
+    # Worst first: for the loops and the budget stops, those that are both, then the longest; for unknown
+    # tokens, the most. Ties by id.
+    orders = {"stopped_by_budget": [("repetition", "descending"), ("output_tokens", "descending")],
+              "repetition": [("stopped_by_budget", "descending"), ("output_tokens", "descending")],
+              "unknown_tokens": [("unknown_tokens", "descending")]}
+    wanted = {"stopped_by_budget": pads.field("stopped_by_budget"), "repetition": pads.field("repetition"),
+              "unknown_tokens": pads.field("unknown_tokens") > 0}
+    columns = ["id", "prediction", "output_tokens", *FLAG_COLUMNS]
+    worst = {}
+    for name, where in wanted.items():
+        kept = None
+        for batch in rows.batches(columns, where=where & pads.field("error").is_null()):
+            both = batch if kept is None else pa.concat_tables([kept, batch])
+            kept = both.take(pc.sort_indices(both, sort_keys=[*orders[name], ("id", "ascending")])[:FLAGGED_ROWS])
+        worst[name] = [{"id": row["id"], "output_tokens": row["output_tokens"], "unknown_tokens": row["unknown_tokens"],
+                        "prediction": _excerpt(row["prediction"] or "")} for row in (kept.to_pylist() if kept else [])]
+    return counts, worst
+
+
+def _excerpt(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) <= EXCERPT_CHARS:
+        return text
+    half = (EXCERPT_CHARS - 3) // 2
+    head, tail = text[:half], text[-half:]
+    head = head.rsplit(" ", 1)[0] if " " in head else head  # whole words where the text has spaces
+    tail = tail.split(" ", 1)[1] if " " in tail else tail
+    return f"{head} … {tail}"
+
+
 def build_report(run_path: str, *, baseline: str | None = None, task: str | None = None,
                  storage_options: dict | None = None) -> tuple[dict, pa.Table]:
     """(summary dict, numeric table of the run) for a run, optionally against a baseline run."""
@@ -251,9 +308,12 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         "method": (job.get("decoding") or {}).get("method"),
         "decoding": job.get("decoding"),
         "config_hash": (manifest or {}).get("config_hash"),
-        **run_summary(numeric, _wall_seconds(manifest)),
+        **run_summary(numeric, _wall_seconds(manifest), job.get("decoding") or None),
         "duplicate_rows_skipped": rows.duplicate_rows,
     }
+    flags = row_flags(rows, numeric)
+    if flags:
+        summary["flags"], summary["flagged_rows"] = flags
     scores, scored = run_quality(rows, task)
     summary["quality"] = {"rows_scored": scored, "rows_without_reference": summary["records"]["total"]
                           - summary["records"]["with_reference"], **scores}
@@ -271,88 +331,6 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         comparison["throughput_speedup"] = mine / theirs if mine and theirs else None
         summary["baseline"] = comparison
     return summary, numeric
-
-
-def render_markdown(summary: dict, plots: list[str]) -> str:
-    def fmt(value, digits=2):
-        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-    lines = [f"# Report: {summary.get('job_name') or summary['run']}", "",
-             f"run `{summary['run']}`, task {summary['task']}, method {summary.get('method')}, "
-             f"engine {', '.join(summary.get('engines') or []) or 'not recorded'}, "
-             f"config {summary.get('config_hash')}", "", "## Records", ""]
-    records = summary["records"]
-    lines += [f"{records['total']} records: {records['ok']} decoded, {records['errors']} errors, "
-              f"{records['with_reference']} with a reference."
-              + (f" {summary['duplicate_rows_skipped']} duplicate row(s) of ids already counted (a retried write) "
-                 "skipped." if summary.get("duplicate_rows_skipped") else ""), "", "## Throughput and latency", "",
-              "| measure | value |", "|---|---|"]
-    throughput = summary["throughput"]
-    for key, value in throughput.items():
-        if not key.startswith("per_actor"):
-            lines.append(f"| {key} | {fmt(value)} |")
-    for key, value in summary["latency_ms"].items():
-        lines.append(f"| latency {key} (ms) | {fmt(value, 1)} |")
-    lines += ["", "Latency is a record's time in its actor from joining the batch to leaving it, its encoder pass "
-              "included; at batch size 1 that is the record's own decoding time, at a larger batch size it also "
-              "covers the rows decoded beside it."]
-    per_actor, busy = throughput.get("per_actor_output_tokens_per_s") or {}, throughput.get("per_actor_busy_seconds") or {}
-    if per_actor:
-        lines += ["", f"Per actor, over {throughput.get('per_actor_basis', 'its decoding time')}:", "",
-                  "| actor | output tokens/s | busy seconds |", "|---|---|---|"]
-        lines += [f"| {worker} | {rate:.1f} | {fmt(busy.get(worker, ''), 1)} |" for worker, rate in per_actor.items()]
-    lines += ["", "## Quality", "", "| metric | value |", "|---|---|"]
-    for key, value in summary["quality"].items():
-        lines.append(f"| {key} | {fmt(value)} |")
-    lines += ["", "Signatures: " + "; ".join(f"{k}: `{v}`" for k, v in summary["signatures"].items()), "",
-              "## BiLD behaviour", "", "| measure | value |", "|---|---|"]
-    lines += [f"| {key} | {fmt(value, 3)} |" for key, value in summary["bild"].items()]
-    if "paired_baseline" in summary:
-        lines += ["", render_paired(summary["paired_baseline"], summary.get("method"))]
-    if "baseline" in summary:
-        lines += ["", f"## Against baseline `{summary['baseline']['run']}`", "", "| measure | value |", "|---|---|"]
-        for key, value in summary["baseline"].items():
-            if key != "run":
-                lines.append(f"| {key} | {fmt(value, 3) if not isinstance(value, dict) else json.dumps(value)} |")
-    errors = summary["errors"]
-    lines += ["", f"## Errors ({errors['count']})", ""]
-    for kind, info in errors["by_kind"].items():
-        lines.append(f"- **{kind}** x{info['count']}: " + "; ".join(f"`{m}`" for m in info["examples"]))
-    lines += ["", *[f"![{Path(p).stem}]({Path(p).name})" for p in plots], ""]
-    return "\n".join(lines)
-
-
-def render_paired(paired: dict, method: str | None) -> str:
-    """The report's section on report.baseline's paired records."""
-    baseline = paired["label"]
-    lines = [f"## Against `{baseline}` on {paired['records']} paired records", "",
-             f"Each of these records was decoded by `{method}` and by `{baseline}` side by side on the same "
-             f"actor (report.baseline); the baseline rows are not part of the run's output.", "",
-             f"**`{method}` is {paired['latency_speedup']:.2f}x the speed of `{baseline}`** (mean latency "
-             f"{paired['mean_latency_ms']:.1f} vs {paired['baseline_mean_latency_ms']:.1f} ms per record).", ""]
-    if paired.get("quality"):
-        lines += [f"Quality on the {paired['records_scored']} records with a reference; the difference's 95% interval "
-                  "is a paired bootstrap over records (1,000 resamples, sacrebleu's paired-bs method):", "",
-                  f"| metric | `{method}` | `{baseline}` | difference | 95% interval |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {v['run']:.2f} | {v['baseline']:.2f} | {v['delta']:+.2f} | [{v['low']:+.2f}, {v['high']:+.2f}] |"
-                  for name, v in paired["quality"].items()]
-    return "\n".join(lines)
-
-
-def result_line(summary: dict) -> str:
-    """The one line that states a run's result (what `make demo` ends with)."""
-    records = summary["records"]
-    quality = ", ".join(f"{k} {v:.2f}" for k, v in summary["quality"].items() if isinstance(v, float))
-    line = f"{records['total']} records, {records['errors']} errors, {quality or 'no references'}"
-    paired = summary.get("paired_baseline")
-    if paired:
-        baseline = paired["label"]
-        line += f"; {summary.get('method')} {paired['latency_speedup']:.2f}x the speed of {baseline}"
-        first = next(iter(paired.get("quality", {}).items()), None)
-        if first:
-            name, v = first
-            line += f" on {paired['records']} paired records, {name} {v['delta']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}]"
-    return line
 
 
 def write_report(summary: dict, numeric: pa.Table, out_dir: str | Path) -> list[Path]:

@@ -161,6 +161,8 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array, in_f
         baseline_engine=job.report.baseline_engine if baseline else None,
         task=job.task,
         in_flight_registry=in_flight,
+        segment=job.input.segment,
+        language=job.input.language,
     )
 
 
@@ -266,7 +268,6 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
         manifest["sweep_points"] = {name: config.to_dict() for name, config in points}
     write_manifest(out_fs, out_path, manifest)
 
-    started = time.perf_counter()
     try:
         if len(todo):
             selected = records if len(todo) == len(all_ids) else _keep_ids(records, todo)
@@ -285,9 +286,8 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
         manifest["status"] = "failed"
         write_manifest(out_fs, out_path, manifest)
         raise
-    wall = time.perf_counter() - started
 
-    summary = summarize(job, records_in_input=len(ids), decoded=todo, wall_seconds=wall, job_started=job_started)
+    summary = summarize(job, records_in_input=len(ids), decoded=todo, job_started=job_started, finished=time.time())
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)

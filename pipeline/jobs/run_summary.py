@@ -29,6 +29,9 @@ class RunSummary:
     skipped_existing: int
     errors_now: int
     output_tokens_now: int
+    # End to end, on one clock (Unix seconds, as the rows' call_started_at): from the job's start (Ray,
+    # reading the input, loading the models included) until its output was written. Start-up is its
+    # first part: until the first actor call began decoding, so startup_seconds <= wall_seconds.
     wall_seconds: float
     small_share: float
     fallbacks_per_100_tokens: float
@@ -40,10 +43,8 @@ class RunSummary:
     decoding_tokens_per_second: float = 0.0
     actors_busy_seconds: float = 0.0
     actors: int = 0
-    # End to end, from the job's start (Ray, reading the input, loading the models included); start-up
-    # is the time until the first actor call began decoding.
-    end_to_end_seconds: float = 0.0
-    startup_seconds: float | None = None
+    end_to_end_seconds: float = 0.0  # wall_seconds, by its other name
+    startup_seconds: float | None = None  # None when nothing was decoded
     # Cascade runs: the share of drafted positions whose deferral rule deferred (None without any).
     deferral_share: float | None = None
     plain_step_share: float = 0.0  # of the large model's calls, made without drafting (decoding.adaptive_draft)
@@ -84,8 +85,10 @@ class RunSummary:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second}
 
 
-def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_seconds: float,
-              job_started: float | None = None) -> RunSummary:
+def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, job_started: float,
+              finished: float | None = None) -> RunSummary:
+    """The run's summary. ``job_started`` and ``finished`` (default: now) are Unix seconds (time.time(),
+    the clock of the rows' call_started_at): when the job started and when its output was written."""
     table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
     table, duplicates = first_row_per_key(table, ["id", "point"])
     now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
@@ -93,7 +96,10 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
     calls = actor_calls(now) if now.num_rows else {}
     busy = {worker: busy_seconds(found) for worker, found in calls.items()}
     first_call = pc.min(now["call_started_at"]).as_py() if now.num_rows else None
-    job_started = job_started if job_started is not None else time.time() - wall_seconds
+    wall_seconds = max(0.0, (time.time() if finished is None else finished) - job_started)
+    # Start-up is part of the wall time; the bounds only guard against an actor's host clock that runs
+    # apart from the driver's (call_started_at is taken there).
+    startup = min(wall_seconds, max(0.0, first_call - job_started)) if first_call is not None else None
     return RunSummary(
         job_name=job.name,
         output_path=job.output.path,
@@ -111,8 +117,8 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, wall_
         decoding_tokens_per_second=decoding_rate(calls),
         actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
         actors=len(busy),
-        end_to_end_seconds=time.time() - job_started,
-        startup_seconds=max(0.0, first_call - job_started) if first_call is not None else None,
+        end_to_end_seconds=wall_seconds,
+        startup_seconds=startup,
         quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
         deferral_share=totals.deferral_share if totals.deferrals else None,
         plain_step_share=totals.plain_step_share,

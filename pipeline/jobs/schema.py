@@ -9,9 +9,9 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from pipeline.decoding.config import (
     DEFERRALS,
@@ -23,6 +23,7 @@ from pipeline.decoding.config import (
     DecodingConfig,
     ModelSpec,
 )
+from pipeline.io.segments import SEGMENTS
 
 
 class _Section(BaseModel):
@@ -37,6 +38,16 @@ class InputSection(_Section):
     reference_column: str | None = None
     limit: int | None = Field(default=None, ge=1, description="Decode only the first N records (after resume).")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="Passed to fsspec as they are.")
+    segment: Literal[SEGMENTS] = Field(
+        default="none",
+        description="sentence: each record's text is split into sentences (paragraph breaks and the whitespace "
+                    "between sentences kept), the sentences of all records are decoded as units batched together, "
+                    "and each record's row puts their translations back in place (its counters the sums, "
+                    "`segments` how many); none: each record is one sequence for the models (docs/segments.md).")
+    language: str = Field(
+        default="en", pattern=r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]+)*$",
+        description="The input texts' language code (ISO 639, e.g. de): the sentence splitter's abbreviation "
+                    "rules for input.segment: sentence.")
 
 
 class ModelsSection(_Section):
@@ -86,6 +97,18 @@ class ModelsSection(_Section):
         return ModelSpec(**self.model_dump())
 
 
+class TokenBudgetSection(_Section):
+    """decoding.max_new_tokens in its ratio form (pipeline.decoding.config.TokenBudget)."""
+
+    ratio: float = Field(gt=0.0, description="Tokens the output may have per input token.")
+    extra: int = Field(default=0, ge=0, description="Tokens added to ratio x input tokens (short inputs, EOS).")
+    cap: int | None = Field(default=None, ge=1, description="The most any unit may generate (default: no cap "
+                                                             "but the ratio of max_input_tokens).")
+
+
+_WHOLE_NUMBER = TypeAdapter(Annotated[int, Field(ge=1)])
+
+
 class DecodingSection(_Section):
     """The fields of pipeline.decoding.DecodingConfig, validated here so errors name the key."""
 
@@ -106,7 +129,25 @@ class DecodingSection(_Section):
     lenience: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="speculative: lossy speculative sampling's lambda (0: lossless).")
     max_input_tokens: int = Field(default=512, ge=1)
-    max_new_tokens: int = Field(default=128, ge=1)
+    max_new_tokens: Annotated[int, Field(ge=1)] | TokenBudgetSection = Field(
+        default=128,
+        description="Tokens a unit (a record, or a sentence with input.segment: sentence) may generate, EOS "
+                    "included: a number, or {ratio: R, extra: E, cap: C} for min(C, ceil(R x input tokens) + E), "
+                    "its input tokens counted after truncation, the prompt included (the input_tokens column).")
+
+    @field_validator("max_new_tokens", mode="before")
+    @classmethod
+    def _one_budget_form(cls, value):
+        """One message for either form (not pydantic's one per member of the union)."""
+        form = TokenBudgetSection if isinstance(value, dict) else _WHOLE_NUMBER
+        try:
+            return form.model_validate(value) if form is TokenBudgetSection else form.validate_python(value)
+        except ValidationError as exc:
+            problems = [f"{'.'.join(map(str, item['loc']))}: "
+                        f"{'unknown key' if item['type'] == 'extra_forbidden' else item['msg']}" if item["loc"]
+                        else item["msg"] for item in exc.errors()]
+            hint = "" if form is TokenBudgetSection else " (a number, or {ratio: R, extra: E, cap: C})"
+            raise ValueError("; ".join(problems) + hint) from None
     do_sample: bool = False
     temperature: float = Field(default=1.0, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -204,6 +245,10 @@ class JobConfig(_Section):
             from pipeline.decoding.engines.ct2_engine import SAMPLING_UNSUPPORTED
 
             raise ValueError(SAMPLING_UNSUPPORTED)
+        ct2_runs = self.models.engine == "ct2" or (self.report.baseline is not None and baseline_engine == "ct2")
+        if ct2_runs and isinstance(self.decoding.max_new_tokens, TokenBudgetSection):
+            raise ValueError("decoding.max_new_tokens in its ratio form runs on the pair engines; CTranslate2 "
+                             "(models.engine or report.baseline_engine ct2) takes a number")
         if baseline_engine == "ct2" and self.report.baseline not in (None, *PLAIN_METHODS):
             raise ValueError(f"report.baseline_engine ct2 runs report.baseline large or small only; "
                              f"report.baseline is {self.report.baseline!r}")
@@ -223,6 +268,13 @@ _NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "re
 _DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
 
 
+def _decides_nothing(name: str, resolved: dict) -> bool:
+    """Keys added after runs were recorded, left out where they change no row (so those runs resume and keep
+    their config_hash): input.segment none, and input.language, which only the sentence splitter reads."""
+    segmented = resolved["input"].get("segment") == "sentence"
+    return name in ("input.segment", "input.language") and not segmented
+
+
 def decisive_settings(job: JobConfig) -> dict[str, Any]:
     """{dotted key: value} of every setting that decides the rows (engine and quantize included: onnx int8
     and native int8 quantize differently, so their tokens can differ)."""
@@ -233,7 +285,7 @@ def decisive_settings(job: JobConfig) -> dict[str, Any]:
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for key, item in items:
             name = section if key is None else f"{section}.{key}"
-            if name not in _NOT_DECISIVE:
+            if name not in _NOT_DECISIVE and not _decides_nothing(name, resolved):
                 flat[name] = item
     return flat
 

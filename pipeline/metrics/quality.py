@@ -9,7 +9,7 @@ ROUGE (rouge-score, with stemming) is a per-row F-measure; the corpus value is i
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,23 +112,35 @@ def signatures(task: str) -> dict[str, str]:
             for name in SUMMARIZATION_METRICS}
 
 
+def bootstrap(rows: int, statistic: Callable[[np.ndarray], dict[str, float]], resamples: int = 1000,
+              seed: int = 0) -> dict[str, dict[str, float]]:
+    """Bootstrap resampling over rows: ``statistic(picks)`` gives name -> value for the rows at the
+    indices ``picks`` (with repeats), evaluated on all rows as they are and on ``resamples`` resamples
+    of ``rows`` rows each. Paired where ``statistic`` reads both systems' rows at the same indices.
+    -> name: {value (all rows), low, high (the resamples' 2.5th and 97.5th percentiles: a 95% interval)}."""
+    if rows == 0:
+        return {}
+    picks = np.random.default_rng(seed).integers(0, rows, size=(resamples, rows))
+    observed = statistic(np.arange(rows))
+    samples: dict[str, list[float]] = {name: [] for name in observed}
+    for pick in picks:
+        for name, value in statistic(pick).items():
+            samples[name].append(value)
+    return {name: {"value": observed[name], "low": float(np.percentile(samples[name], 2.5)),
+                   "high": float(np.percentile(samples[name], 97.5))} for name in observed}
+
+
 def paired_bootstrap(task: str, mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray], resamples: int = 1000,
                      seed: int = 0) -> dict[str, dict[str, float]]:
     """Paired bootstrap resampling over rows (Koehn 2004; sacrebleu's ``paired-bs``): both systems'
     per-row statistics [rows, width] are resampled with the same row indices, and each corpus score
     is recomputed from the resampled sums. -> metric: {delta, low, high} (mine - theirs, 95% interval)."""
     rows = len(next(iter(mine.values())))
-    if rows == 0:
-        return {}
-    picks = np.random.default_rng(seed).integers(0, rows, size=(resamples, rows))
-    base = corpus_scores(task, {k: v.sum(0) for k, v in theirs.items()}, rows)
-    observed = {name: score - base[name]
-                for name, score in corpus_scores(task, {k: v.sum(0) for k, v in mine.items()}, rows).items()}
-    deltas = {name: [] for name in observed}
-    for pick in picks:
+
+    def difference(pick: np.ndarray) -> dict[str, float]:
         ours = corpus_scores(task, {k: v[pick].sum(0) for k, v in mine.items()}, rows)
         base = corpus_scores(task, {k: v[pick].sum(0) for k, v in theirs.items()}, rows)
-        for name in deltas:
-            deltas[name].append(ours[name] - base[name])
-    return {name: {"delta": observed[name], "low": float(np.percentile(deltas[name], 2.5)),
-                   "high": float(np.percentile(deltas[name], 97.5))} for name in observed}
+        return {name: ours[name] - base[name] for name in ours}
+
+    return {name: {"delta": found["value"], "low": found["low"], "high": found["high"]}
+            for name, found in bootstrap(rows, difference, resamples, seed).items()}

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
 
 
@@ -29,11 +30,47 @@ def decode_totals(table: pa.Table) -> DecodeStats:
                                   if name in table.column_names})
 
 
-def bild_behaviour(table: pa.Table) -> dict[str, float]:
-    """How BiLD behaved, over rows decoded without error."""
+# Which of bild_behaviour's rows apply to which runs: a rate of something the method never does (a plain
+# `large` run's rollbacks, a `bild` run's deferrals) is not a row of its report. A row not listed
+# (output_tokens) applies to every method.
+DRAFTING = DRAFTING_METHODS
+APPLIES_TO = {
+    "small_token_share": DRAFTING, "fallbacks_per_100_tokens": DRAFTING, "rollbacks_per_100_tokens": DRAFTING,
+    "large_calls_per_token": DRAFTING, "small_calls_per_token": DRAFTING, "discarded_draft_tokens": DRAFTING,
+    "discarded_per_100_tokens": DRAFTING, "deferral_share": ("cascade",), "plain_steps": DRAFTING,
+    "plain_step_share": DRAFTING,
+}
+
+
+def _applies(name: str, value, decoding: dict) -> bool:
+    """Whether the row `name` applies to a run decoded under `decoding` (the job's decoding section): its
+    method is one APPLIES_TO lists; fallbacks also need BiLD or draft_window fallback, plain steps
+    decoding.adaptive_draft, unless the run counted some anyway (a manifest that does not say)."""
+    method = decoding.get("method")
+    if method is None:
+        return True  # a run that does not say its method: every row, as before
+    if method not in (APPLIES_TO.get(name) or (method,)):
+        return False
+    if name == "fallbacks_per_100_tokens":
+        return method == "bild" or decoding.get("draft_window") == "fallback" or bool(value)
+    if name in ("plain_steps", "plain_step_share"):
+        return bool(decoding.get("adaptive_draft")) or bool(value)
+    return True
+
+
+def bild_behaviour(table: pa.Table, decoding: dict | None = None) -> dict[str, float]:
+    """How BiLD behaved, over rows decoded without error; with the job's ``decoding`` section, only
+    the rows that apply to its method (APPLIES_TO)."""
     totals = decode_totals(table)
     if not totals.output_tokens:
         return {}
+    found = _behaviour(totals)
+    if decoding is None:
+        return found
+    return {name: value for name, value in found.items() if _applies(name, value, decoding)}
+
+
+def _behaviour(totals: DecodeStats) -> dict[str, float]:
     return {
         "output_tokens": totals.output_tokens,
         "small_token_share": totals.small_token_share,
@@ -80,7 +117,8 @@ def decoding_rate(calls: dict[str, list[tuple[float, float, int]]]) -> float:
 
 def per_actor_throughput(table: pa.Table, wall_seconds: float | None) -> dict:
     """Output tokens per second of busy time for each actor, its busy seconds, and the run's
-    utilization (mean busy / wall). A run written before call timing existed falls back to the sum
+    utilization: the actors' mean busy time over the run's wall time (the share of the end-to-end
+    time an actor spent decoding). A run written before call timing existed falls back to the sum
     of its records' latencies, which counts a batch's time once per record (too low at batch > 1)."""
     if "call_started_at" in table.column_names and table["call_started_at"].null_count < table.num_rows:
         calls = actor_calls(table)
@@ -122,8 +160,9 @@ def errors_by_kind(messages: list[str], examples: int = 3) -> dict:
             "by_kind": {kind: {"count": n, "examples": found[kind]} for kind, n in counts.most_common()}}
 
 
-def run_summary(table: pa.Table, wall_seconds: float | None) -> dict:
-    """Records, throughput, latency, BiLD behaviour and errors of one run's numeric table."""
+def run_summary(table: pa.Table, wall_seconds: float | None, decoding: dict | None = None) -> dict:
+    """Records, throughput, latency, BiLD behaviour (the rows that apply to ``decoding``'s method) and
+    errors of one run's numeric table."""
     ok = table.filter(pc.is_null(table["error"])) if table.num_rows else table
     failed = [m for m in table["error"].to_pylist() if m] if table.num_rows else []
     with_reference = int(pc.sum(pc.is_valid(table["reference"])).as_py() or 0) if table.num_rows else 0
@@ -138,6 +177,6 @@ def run_summary(table: pa.Table, wall_seconds: float | None) -> dict:
         "throughput": throughput,
         "latency_ms": latency_summary(np.asarray(ok["latency_ms"].to_pylist(), float) if ok.num_rows else np.array([])),
         "engines": sorted({e for e in table["engine"].to_pylist() if e}) if "engine" in table.column_names else [],
-        "bild": bild_behaviour(ok),
+        "bild": bild_behaviour(ok, decoding),
         "errors": errors_by_kind(failed),
     }

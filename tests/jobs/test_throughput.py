@@ -33,20 +33,38 @@ def test_decoding_rate_is_each_actors_tokens_over_its_busy_time_summed():
     assert decoding_rate(calls) == 80 / 4 + 50 / 5  # an error row's tokens do not count
 
 
-def test_the_summary_gives_decoding_and_end_to_end_throughput_with_start_up(tmp_path):
-    job_started = time.time() - 50.0  # the first call began 20 s after the job started
+def written_run(tmp_path, first_call: float) -> JobConfig:
+    """A job whose output folder holds rows(first_call)."""
     folder = tmp_path / "run"
     Path(data_path(str(folder))).mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows(job_started + 20.0), schema=OUTPUT_SCHEMA),
+    pq.write_table(pa.Table.from_pylist(rows(first_call), schema=OUTPUT_SCHEMA),
                    Path(data_path(str(folder))) / "part.parquet")
-    job = JobConfig.model_validate({"name": "t", "input": {"path": "in"}, "models": {"small": "s", "large": "l"},
-                                    "output": {"path": str(folder)}})
-    summary = summarize(job, records_in_input=5, decoded=pa.array(["1", "2", "3", "4", "5"]), wall_seconds=20.0,
-                        job_started=job_started)
+    return JobConfig.model_validate({"name": "t", "input": {"path": "in"}, "models": {"small": "s", "large": "l"},
+                                     "output": {"path": str(folder)}})
+
+
+def test_the_summary_gives_decoding_and_end_to_end_throughput_with_start_up(tmp_path):
+    job_started = time.time() - 50.0  # the first call began 20 s after the job started
+    job = written_run(tmp_path, first_call=job_started + 20.0)
+    summary = summarize(job, records_in_input=5, decoded=pa.array(["1", "2", "3", "4", "5"]), job_started=job_started)
     assert summary.decoding_tokens_per_second == 30.0 and summary.actors == 2
     assert summary.actors_busy_seconds == (4.0 + 5.0) / 2
     assert abs(summary.startup_seconds - 20.0) < 1e-3  # until the first call began
     assert 50.0 <= summary.end_to_end_seconds < 60.0
+    # One clock: start-up is the first part of the wall time, which is the end-to-end time.
+    assert summary.startup_seconds <= summary.wall_seconds == summary.end_to_end_seconds
     line = summary.to_text().splitlines()[2]
     assert line.startswith("  throughput: decoding 30.0 output tokens/s on 2 actor(s) (busy 4.5 s each on average); "
                            "end to end ") and "of which" in line
+
+
+def test_start_up_is_part_of_the_wall_time_on_one_clock(tmp_path):
+    """The run's wall time runs from the job's start to its output written; a first call seen after that
+    (an actor's host clock ahead of the driver's) cannot make start-up exceed it."""
+    job_started = 1_000_000.0
+    job = written_run(tmp_path, first_call=job_started + 20.0)
+    decoded = pa.array(["1", "2", "3", "4", "5"])
+    summary = summarize(job, records_in_input=5, decoded=decoded, job_started=job_started, finished=job_started + 30.0)
+    assert (summary.startup_seconds, summary.wall_seconds, summary.end_to_end_seconds) == (20.0, 30.0, 30.0)
+    skewed = summarize(job, records_in_input=5, decoded=decoded, job_started=job_started, finished=job_started + 15.0)
+    assert skewed.startup_seconds == skewed.wall_seconds == 15.0

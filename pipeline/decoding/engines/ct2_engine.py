@@ -40,7 +40,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from pipeline.decoding.config import PLAIN_METHODS, DecodingConfig, ModelSpec
-from pipeline.decoding.generator import GenerationResult, InputError, encode_text
+from pipeline.decoding.generator import GenerationResult, InputError, encode_text, output_flags, unknown_token_count
 from pipeline.decoding.stats import DecodeStats
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bild-pipeline" / "ct2"
@@ -207,15 +207,21 @@ class CT2Generator:
                 return [self._decode_group([i], encoded)[0] for i in group]
             ids, truncated = encoded[group[0]]
             return [GenerationResult(prediction=None, error=f"{type(exc).__name__}: {exc}"[:500], method=method,
-                                     input_tokens=len(ids), truncated=truncated)]
+                                     input_tokens=len(ids), truncated=truncated,
+                                     unknown_tokens=unknown_token_count(ids, self.tokenizer))]
         results = []
+        eos_ids = {self.tokenizer.eos_token_id} - {None}  # the end token CTranslate2 returns (return_end_token)
         for i, tokens in zip(group, outputs):
             ids, truncated = encoded[i]
             written = {"large_tokens" if method == "large" else "small_tokens": len(tokens)}
+            prediction = self.tokenizer.decode(tokens, skip_special_tokens=True)
             results.append(GenerationResult(
-                prediction=self.tokenizer.decode(tokens, skip_special_tokens=True), error=None, method=method,
+                prediction=prediction, error=None, method=method,
                 input_tokens=len(ids), truncated=truncated, latency_ms=latency_ms,
-                stats=DecodeStats(output_tokens=len(tokens), **written), token_ids=tokens))
+                stats=DecodeStats(output_tokens=len(tokens), **written), token_ids=tokens,
+                **output_flags(tokens, prediction, max_new_tokens=self.config.budget(len(ids)), eos_ids=eos_ids,
+                               tokenizer=self.tokenizer),
+                unknown_tokens=unknown_token_count(ids, self.tokenizer)))
         return results
 
 
