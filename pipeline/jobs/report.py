@@ -9,6 +9,7 @@ and their worst rows listed. report_markdown.py words it all as report.md.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import multiprocessing
 import os
@@ -216,6 +217,12 @@ def baseline_label(method: str, engine: str | None, quantize: str | None) -> str
     return f"CTranslate2 {'int8 ' if quantize == 'int8' else ''}{method}"
 
 
+def _job_started(manifest: dict | None) -> float | None:
+    """When the run's first attempt started (Unix seconds), from run.json; None without one."""
+    starts = [a.get("started_at") for a in (manifest or {}).get("attempts", []) if a.get("started_at")]
+    return min(dt.datetime.fromisoformat(start).timestamp() for start in starts) if starts else None
+
+
 def _wall_seconds(manifest: dict | None) -> float | None:
     if not manifest:
         return None
@@ -310,6 +317,7 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         "config_hash": (manifest or {}).get("config_hash"),
         **run_summary(numeric, _wall_seconds(manifest), job.get("decoding") or None),
         "duplicate_rows_skipped": rows.duplicate_rows,
+        "job_started": _job_started(manifest),
     }
     flags = row_flags(rows, numeric)
     if flags:
@@ -349,7 +357,8 @@ def write_report(summary: dict, numeric: pa.Table, out_dir: str | Path) -> list[
     if per_actor:
         made.append(plots.actor_throughput(per_actor, out / "actors.png"))
     if "call_started_at" in numeric.column_names and numeric["call_started_at"].null_count < numeric.num_rows:
-        made.append(plots.throughput_over_time(actor_calls(numeric), out / "throughput_over_time.png"))
+        made.append(plots.throughput_over_time(actor_calls(numeric), out / "throughput_over_time.png",
+                                               summary.get("job_started")))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
     (out / "report.md").write_text(render_markdown(summary, [str(p) for p in made]))
     return [out / "summary.json", out / "report.md", *made]

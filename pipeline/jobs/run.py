@@ -261,7 +261,8 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
     else:
         todo, partial = ids, {}
 
-    attempt = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(), "to_decode": len(todo)}
+    attempt = {"started_at": dt.datetime.fromtimestamp(job_started, dt.timezone.utc).isoformat(),  # the job's start
+               "to_decode": len(todo)}
     manifest.update(status="running", versions=_versions(), cluster=_cluster_info(),
                     attempts=[*previous.get("attempts", []), attempt])
     if sweep:

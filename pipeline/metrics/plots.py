@@ -139,11 +139,16 @@ def latency_vs_length(series: dict[str, tuple], path: Path) -> Path:
     return _saved(fig, path)
 
 
-def throughput_over_time(calls: dict[str, list[tuple[float, float, int]]], path: Path) -> Path:
+def throughput_over_time(calls: dict[str, list[tuple[float, float, int]]], path: Path,
+                         job_started: float | None = None) -> Path:
     """Each actor's output tokens/s per call, drawn over the call's span of the job's wall time:
-    warm-up, stragglers and idle actors show. calls: worker -> [(start, seconds, tokens)]."""
+    warm-up, stragglers and idle actors show. calls: worker -> [(start, seconds, tokens)]. With
+    ``job_started`` (Unix seconds) the time axis starts with the job and its start-up is shaded."""
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    origin = min((start for found in calls.values() for start, _, _ in found), default=0.0)
+    first_call = min((start for found in calls.values() for start, _, _ in found), default=0.0)
+    origin = job_started if job_started is not None and job_started <= first_call else first_call
+    if origin < first_call:
+        ax.axvspan(0.0, first_call - origin, color="0.9", label="start-up (Ray, reading, loading models)")
     for worker, found in calls.items():
         xs, ys = [], []
         for start, seconds, tokens in found:
@@ -151,7 +156,7 @@ def throughput_over_time(calls: dict[str, list[tuple[float, float, int]]], path:
             xs += [start - origin, start - origin + seconds, float("nan")]
             ys += [rate, rate, float("nan")]
         ax.plot(xs, ys, linewidth=2, label=worker)
-    ax.set_xlabel("seconds since the first call")
+    ax.set_xlabel("seconds since the job started" if origin < first_call else "seconds since the first call")
     ax.set_ylabel("output tokens/s in the call")
     ax.set_title("throughput per actor over the job")
     ax.legend(fontsize=7)

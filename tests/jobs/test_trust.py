@@ -187,8 +187,11 @@ def test_a_report_counts_each_id_once_and_says_how_many_rows_it_skipped(tmp_path
     table = rows.table(["id", "prediction"])
     assert sorted(zip(table["id"].to_pylist(), table["prediction"].to_pylist())) == [
         ("1", SENTENCE), ("2", SENTENCE), ("3", SENTENCE)]
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"attempts": [
+        {"started_at": "2026-12-05T07:00:00+00:00"}, {"started_at": "2026-12-05T08:00:00+00:00"}]}))
     summary, _ = build_report(str(tmp_path / "run"))
     assert summary["records"]["total"] == 3 and summary["duplicate_rows_skipped"] == 1
+    assert summary["job_started"] == 1_796_454_000.0  # the first attempt's start: the throughput plot's origin
     assert summary["quality"]["bleu"] == pytest.approx(100.0)  # the retried row's "x y z" is not scored
     assert "1 duplicate row(s)" in render_markdown(summary, [])
 
