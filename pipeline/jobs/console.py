@@ -69,21 +69,23 @@ class Progress:
                 self._show()
 
     def _count(self) -> bool:
-        """Add the rows and output tokens of files written since the last look; whether any were."""
-        fresh = [file for file in output_files(self.fs, self.path) if file not in self.seen]
-        for file in fresh:
+        """Add the rows and output tokens of files written since the last look; whether any were (a file
+        still being written is not yet: it is counted at a later look)."""
+        counted = False
+        for file in [file for file in output_files(self.fs, self.path) if file not in self.seen]:
             try:
                 with self.fs.open(file, "rb") as handle:
                     rows = pq.read_table(handle, columns=PROGRESS_COLUMNS)
             except Exception:  # noqa: BLE001 - a file still being written: count it next time
                 continue
             self.seen.add(file)
+            counted = True
             self.records += rows.num_rows
             for worker, found in actor_calls(rows).items():  # a call's rows may span files
                 for start, seconds, tokens in found:
                     known = self.calls.setdefault(worker, {})
                     known[start, seconds] = known.get((start, seconds), 0) + tokens
-        return bool(fresh)
+        return counted
 
     def decoding_rate(self) -> float:
         return decoding_rate({worker: [(start, seconds, tokens) for (start, seconds), tokens in found.items()]

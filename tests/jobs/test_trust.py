@@ -250,3 +250,20 @@ def test_a_store_that_is_down_fails_with_its_message_and_no_secret(saved_tiny_pa
     assert "cannot write to output.path 's3://bucket/out' (EndpointConnectionError" in result.output
     assert "Traceback" not in result.output
     assert "SUPERSECRET123" not in result.output and "AKIAVISIBLE" not in result.output
+
+
+def test_progress_counts_only_whole_files(tmp_path):
+    """A file still being written (unreadable) is no progress: no line saying 0 records is printed."""
+    import io
+
+    from pipeline.jobs.console import Progress
+
+    data = tmp_path / "out" / "data"
+    data.mkdir(parents=True)
+    fs, path = open_filesystem(str(tmp_path / "out"))
+    shown = io.StringIO()
+    progress = Progress(fs, path, total=3, stream=shown)
+    (data / "0.parquet").write_bytes(b"PAR1 half-written")
+    assert not progress._count() and progress.records == 0
+    pq.write_table(_rows(("1", SENTENCE), ("2", SENTENCE)), data / "1.parquet")
+    assert progress._count() and progress.records == 2
