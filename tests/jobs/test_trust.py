@@ -132,6 +132,21 @@ def test_a_second_lease_is_refused_naming_the_holder_and_released_at_the_end(tmp
     assert not (tmp_path / "out" / LEASE).exists()
 
 
+def test_the_lease_is_an_exclusive_create_on_s3_too(s3_server):
+    """On S3 the create is a conditional PUT (If-None-Match): of two runs, exactly one holds the lease."""
+    import uuid
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_server, skip_instance_cache=True, use_listings_cache=False)
+    bucket = f"lease-{uuid.uuid4().hex[:8]}"
+    fs.mkdir(bucket)
+    with OutputLease(fs, f"{bucket}/out", url=f"s3://{bucket}/out") as first:
+        with pytest.raises(OutputLeaseError, match=f"s3://{bucket}/out.*run {first.holder['run_id']}"):
+            OutputLease(fs, f"{bucket}/out", url=f"s3://{bucket}/out").__enter__()
+    assert not fs.exists(f"{bucket}/out/{LEASE}")
+
+
 def test_a_held_lease_is_renewed(tmp_path):
     fs, path = open_filesystem(str(tmp_path / "out"))
     with OutputLease(fs, path, ttl=0.4):
