@@ -95,7 +95,8 @@ def render_flags(flags: dict, flagged_rows: dict[str, list[dict]]) -> str:
     for name, shown in flagged_rows.items():
         if not shown:
             continue
-        lines += ["", f"**{name}** ({counts[name]} rows; {len(shown)} shown, {FLAG_ORDER[name]} first):", ""]
+        rows = f"{counts[name]} row" + ("s" if counts[name] != 1 else "")
+        lines += ["", f"**{name}** ({rows}; {len(shown)} shown, {FLAG_ORDER[name]} first):", ""]
         for row in shown:
             detail = f"{row['unknown_tokens']} unknown token(s)" if name == "unknown_tokens" \
                 else f"{row['output_tokens']} tokens"
