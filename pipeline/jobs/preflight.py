@@ -130,6 +130,7 @@ def _model_problems(key: str, name: str, engine: str, needs_tokenizer: bool) -> 
 def _hub_problems(key: str, name: str) -> list[str]:
     """A hub id: fine if its config is in this machine's cache; else ask the hub (a few seconds at most)."""
     import huggingface_hub as hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     if isinstance(hub.try_to_load_from_cache(name, "config.json"), str):
         return []
@@ -138,8 +139,11 @@ def _hub_problems(key: str, name: str) -> list[str]:
                 "(HF_HUB_OFFLINE is set)"]
     try:
         info = hub.model_info(name, timeout=HUB_TIMEOUT_SECONDS, files_metadata=False)
-    except hub.errors.RepositoryNotFoundError:
-        return [f"{key} {name!r}: no such local folder, and no such model on the hub"]
+    except GatedRepoError:
+        return [f"{key} {name!r} is a gated model on the hub: accept its terms there and set HF_TOKEN"]
+    except RepositoryNotFoundError:
+        return [f"{key} {name!r}: no such local folder, and no such model on the hub (or a private one: set "
+                "HF_TOKEN)"]
     except Exception as exc:  # noqa: BLE001 - no network, a proxy, a timeout: the id cannot be checked or loaded
         return [f"{key} {name!r}: no such local folder, and as a hub id it is not in this machine's cache and the "
                 f"hub cannot be reached ({type(exc).__name__}); download it where the hub is reachable, or set "

@@ -98,3 +98,40 @@ def test_run_stops_before_ray_on_a_bad_path(corpus, saved_tiny_pair, monkeypatch
     result = CliRunner().invoke(main, ["run", job, "--set", "input.text_column=fr"])
     assert result.exit_code == 2 and "input.text_column 'fr' is not a column" in result.output, result.output
     assert not (corpus / "out").exists()  # nothing written, not even the lease
+
+
+def test_hub_ids_are_looked_up_and_named(monkeypatch):
+    """A hub id not cached here: missing, gated, or shipping only pytorch_model.bin is named; one with
+    safetensors passes. (The hub is faked: no machine here reaches it.)"""
+    import types
+
+    import httpx
+    import huggingface_hub as hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from pipeline.jobs.preflight import _hub_problems
+
+    def info(files):
+        return types.SimpleNamespace(siblings=[types.SimpleNamespace(rfilename=f) for f in files])
+
+    def answer(status: int):
+        return httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+
+    answers = {"org/missing": RepositoryNotFoundError("404", response=answer(404)),
+               "org/gated": GatedRepoError("401", response=answer(401)),
+               "org/pickled": info(["config.json", "pytorch_model.bin"]),
+               "org/fine": info(["config.json", "model.safetensors"])}
+
+    def model_info(name, **_):
+        answer = answers[name]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
+    monkeypatch.setattr(hub, "model_info", model_info)
+    assert "no such model on the hub" in _hub_problems("models.small", "org/missing")[0]
+    assert "gated model on the hub" in _hub_problems("models.small", "org/gated")[0]
+    assert "ships no safetensors weights" in _hub_problems("models.large", "org/pickled")[0]
+    assert _hub_problems("models.large", "org/fine") == []
