@@ -42,8 +42,9 @@ def _given(ctx: click.Context, names) -> dict:
 
 
 def _generate_settings(ctx: click.Context, job_file, overrides):
-    """(ModelSpec, DecodingConfig, prompt, BatchPolicy): a job file's (its presets and --set included) with
-    what the command line gives on top, or the command line's alone."""
+    """(ModelSpec, DecodingConfig, prompt, BatchPolicy, the language to split sentences in or None): a job
+    file's (its presets and --set included) with what the command line gives on top, or the command
+    line's alone."""
     from pipeline.cli.jobs import load_job_or_exit
     from pipeline.decoding import BatchPolicy
 
@@ -54,12 +55,13 @@ def _generate_settings(ctx: click.Context, job_file, overrides):
         if not (params["small"] and params["large"]):
             raise click.UsageError("give --small and --large, or --job FILE (a job file's models and settings)")
         spec = ModelSpec(**{key: params[key] for key in model_keys})
-        return spec, decoding_config(params), params["prompt"], BatchPolicy(batch_size=1)
+        return spec, decoding_config(params), params["prompt"], BatchPolicy(batch_size=1), None
     job = load_job_or_exit(job_file, overrides)
     spec = dataclasses.replace(job.models.to_spec(), **_given(ctx, model_keys))
     config = decoding_config({**job.decoding.model_dump(), **_given(ctx, decoding_keys)})
     batch = BatchPolicy(batch_size=job.compute.batch_size, verify_share=job.compute.verify_share)
-    return spec, config, params["prompt"] or job.prompt, batch
+    language = job.input.language if job.input.segment == "sentence" else None
+    return spec, config, params["prompt"] or job.prompt, batch, language
 
 
 def _generator(spec: ModelSpec, config: DecodingConfig):
@@ -92,9 +94,10 @@ def _generator(spec: ModelSpec, config: DecodingConfig):
 def generate(ctx, job_file, overrides, as_json, texts, **_):
     """Decode TEXTS with a small/large pair and print each output with its statistics (errors on stderr)."""
     from pipeline.io.records import apply_prompt
+    from pipeline.io.segments import decode_by_sentence, split_sentences
     from pipeline.jobs.preflight import models_problems
 
-    spec, config, prompt, batch = _generate_settings(ctx, job_file, overrides)
+    spec, config, prompt, batch, language = _generate_settings(ctx, job_file, overrides)
     if prompt is not None:
         _check_prompt_or_exit(prompt)
     roles = ("small", "large") if config.method not in ("small", "large") else (config.method,)
@@ -103,7 +106,13 @@ def generate(ctx, job_file, overrides, as_json, texts, **_):
         raise click.UsageError("\n".join(problems))
     generator = _generator(spec, config)
     generator.generate(["warm up"], batch=batch)  # first-call set-up (allocation, kernels) outside latency_ms
-    results = generator.generate([apply_prompt(prompt, text) for text in texts], batch=batch)
+    if language is None:
+        results = generator.generate([apply_prompt(prompt, text) for text in texts], batch=batch)
+    else:  # input.segment: sentence, as the job's stage decodes a record
+        documents = [split_sentences(text, language) for text in texts]
+        results = decode_by_sentence(
+            lambda sentences: generator.generate([apply_prompt(prompt, s) for s in sentences], batch=batch),
+            documents, config.method)
     failed = False
     for text, result in zip(texts, results):
         record = {"input": text, **result.to_record()}

@@ -76,6 +76,13 @@ def unit_key(record_id: str, index: int) -> str:
     return record_id if index == 0 else f"{record_id}#{index}"
 
 
+def decode_by_sentence(decode, documents: Sequence[Document], method: str) -> list:
+    """Each document's result from its sentences', all decoded in one ``decode(sentences) -> results`` call
+    (``generate``'s path; the stage interleaves records that failed to read and seeds each unit by its id)."""
+    results = iter(decode([sentence for document in documents for sentence in document.sentences]))
+    return [join_results(document, [next(results) for _ in document.sentences], method) for document in documents]
+
+
 def join_results(document: Document, results: Sequence, method: str):
     """One record's GenerationResult from its sentences' (in order): the prediction is the document with
     each sentence translated in its place, the counters and latency are sums, a flag is set where any

@@ -340,3 +340,19 @@ def test_validation_speaks_in_the_projects_words(tmp_path):
                                        "--set", "decoding.lenience=0.2"])
     assert result.exit_code == 2 and "lenience is lossy speculative decoding's" in result.stderr
     assert "Value error" not in result.stderr
+
+
+def test_generate_with_a_segmenting_job_decodes_sentence_by_sentence(saved_pair, tmp_path):
+    """--job of a job with input.segment: sentence decodes each text as that job's stage does: its sentences
+    one by one, put back in their places."""
+    small, large = saved_pair
+    models = {"small": str(small), "large": str(large), "device": "cpu"}
+    job = write_job(tmp_path, models=models, input={"segment": "sentence", "language": "de"},
+                    decoding={"method": "bild", "max_new_tokens": 6})
+    document = "Ein Hund läuft.\n\nZwei Männer spielen Fußball."
+    whole = CliRunner().invoke(main, ["generate", "--job", str(job), "--json", document])
+    alone = CliRunner().invoke(main, ["generate", "--job", str(job), "--set", "input.segment=none", "--json",
+                                      "Ein Hund läuft.", "Zwei Männer spielen Fußball."])
+    assert whole.exit_code == 0 and alone.exit_code == 0, whole.output + alone.output
+    first, second = (json.loads(line)["prediction"] for line in alone.stdout.splitlines())
+    assert json.loads(whole.stdout.splitlines()[-1])["prediction"] == f"{first}\n\n{second}"

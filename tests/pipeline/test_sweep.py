@@ -163,3 +163,25 @@ def test_two_by_two_sweep_on_tiny_models_resumes(ray_local, saved_tiny_pair, tmp
     again, _ = run_sweep(job, [0.2, 0.6], [0.0, 5.0])
     assert again.decoded_now == 0 and again.skipped_existing == 4
     assert read_output_table(str(tmp_path / "out")).num_rows == 24
+
+
+def test_a_sweep_over_documents_keeps_one_row_per_document_and_point(ray_local, saved_tiny_pair, tmp_path):
+    """input.segment: sentence under a sweep: each document once under every point, its sentences put back
+    (segments counted), and greedy BiLD with rollback_threshold 0 gives large's documents exactly."""
+    documents = ["Ein Hund läuft. Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.\n\nKinder bauen."]
+    pq.write_table(pa.table({"id": ["d0", "d1"], "text": documents}), tmp_path / "in.parquet")
+    small, large = saved_tiny_pair
+    job = JobConfig.model_validate({
+        "name": "sweep-docs", "input": {"path": str(tmp_path / "in.parquet"), "segment": "sentence",
+                                        "language": "de"},
+        "models": {"small": small, "large": large, "device": "cpu"},
+        "decoding": {"max_new_tokens": 6, "rollback_threshold": 0.0},
+        "output": {"path": str(tmp_path / "out"), "mode": "resume"},
+    })
+    run_sweep(job, [0.4], [0.0])
+    rows = {(row["point"], row["id"]): row for row in read_output_table(str(tmp_path / "out")).to_pylist()}
+    assert sorted(rows) == sorted((point, key) for point in ("large", "small", "bild_fb0.4_rb0") for key in ("d0", "d1"))
+    assert all(row["error"] is None and row["segments"] == 2 for row in rows.values())
+    for key in ("d0", "d1"):
+        assert rows[("bild_fb0.4_rb0", key)]["prediction"] == rows[("large", key)]["prediction"]
+    assert "\n\n" in rows[("large", "d1")]["prediction"]  # the paragraph break kept between the sentences
