@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 Method = Literal["bild", "speculative", "cascade", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]
@@ -150,3 +153,32 @@ class DecodingConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How a batch is scheduled; it changes speed only, never a row's tokens or statistics."""
+
+    batch_size: int = 16
+    # Call the large model when this share of the active rows waits for verification. Lower
+    # shares verify sooner (rows wait less), higher ones fill the large model's batch more; 1.0
+    # (every row waits) gave the most tokens/s at B=4 and B=16 in BENCHMARKS.md.
+    verify_share: float = 1.0
+    # Admit queued records once this share of the slots is free (always when the batch is
+    # empty): newcomers then share one encoder pass.
+    refill_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        for name in ("verify_share", "refill_share"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)}")
+
+
+@dataclass
+class BatchRequest:
+    """One record to decode: its encoder input (or decoder-only prompt) ids and its seed."""
+
+    input_ids: torch.Tensor  # [S]
+    seed: int = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.sampling import RowSampler, to_probs
+from pipeline.decoding.sampling import RowSampler, choose, greedy, to_probs
 
 
 @dataclass(frozen=True)
@@ -214,3 +214,40 @@ def speculative_verify(
     drafts [B, K], num_drafts [B], draft_probs q [B, K, V], target_probs p [B, K+1, V]
     """
     return target_verify(drafts, num_drafts, draft_probs, target_probs, sampler, lenience)
+
+
+def judge(config, drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor,
+          draft_probs: list[list[torch.Tensor]], draft_logits: list[list[torch.Tensor]],
+          sampler: RowSampler | None) -> Verdict:
+    """The verdict of ``config.method``'s policy on a batch of waiting rows: drafts [R, K] (num_drafts [R] of
+    them real), the large model's logits [R, K+1, V], and each row's per-draft q and small-model logits as
+    the scheduler kept them (sampling and cascades read them)."""
+    drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
+    if config.method == "speculative" and not config.do_sample:
+        return greedy_match_verify(drafts, num_drafts, greedy(logits))
+    large_probs = model_probs(config, logits)  # [R, K+1, V] (tempered when sampling)
+    if config.method == "cascade":  # deferral decisions from untempered q and p (cascade_verify)
+        small_logits = per_draft(draft_logits, logits[:, :-1])
+        q = (per_draft(draft_probs, large_probs[:, :-1]) if sampler
+             else model_probs(config, small_logits))  # sampling: the very q each draft was drawn from
+        return cascade_verify(config.deferral, config.deferral_threshold, drafts, num_drafts, small_logits, logits,
+                              q, large_probs, sampler)
+    if config.method == "speculative":
+        return speculative_verify(drafts, num_drafts, per_draft(draft_probs, large_probs[:, :-1]), large_probs,
+                                  sampler, config.lenience)
+    large_choice = choose(large_probs, config.do_sample, sampler, counts=num_drafts + 1)
+    return bild_verify(drafts, num_drafts, large_probs, large_choice, config.rollback_threshold)
+
+
+def per_draft(per_row: list[list[torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
+    """[R, K, V] shaped as ``like``: each row's per-draft vectors (q or logits), zeros past its drafts."""
+    stacked = torch.zeros_like(like)
+    for i, values in enumerate(per_row):
+        if values:
+            stacked[i, : len(values)] = torch.stack(values)
+    return stacked
+
+
+def model_probs(config, logits: torch.Tensor) -> torch.Tensor:
+    """The model's distribution, tempered and top-p cut when the config samples."""
+    return to_probs(logits, config.temperature, config.top_p) if config.do_sample else to_probs(logits)

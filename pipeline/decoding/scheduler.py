@@ -33,48 +33,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.decoding.config import DRAFTING_METHODS, DecodingConfig
+from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.engine import DraftRule, Engine, Feed, padding_groups
-from pipeline.decoding.policies import (
-    Verdict,
-    bild_verify,
-    cascade_verify,
-    fallback,
-    greedy_match_verify,
-    speculative_verify,
-)
-from pipeline.decoding.sampling import RowSampler, choose, greedy, to_probs
+from pipeline.decoding.policies import Verdict, fallback, judge, model_probs
+from pipeline.decoding.sampling import RowSampler, choose, greedy
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How a batch is scheduled; it changes speed only, never a row's tokens or statistics."""
-
-    batch_size: int = 16
-    # Call the large model when this share of the active rows waits for verification. Lower
-    # shares verify sooner (rows wait less), higher ones fill the large model's batch more; 1.0
-    # (every row waits) gave the most tokens/s at B=4 and B=16 in BENCHMARKS.md.
-    verify_share: float = 1.0
-    # Admit queued records once this share of the slots is free (always when the batch is
-    # empty): newcomers then share one encoder pass.
-    refill_share: float = 0.25
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        for name in ("verify_share", "refill_share"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)}")
-
-
-@dataclass
-class BatchRequest:
-    """One record to decode: its encoder input (or decoder-only prompt) ids and its seed."""
-
-    input_ids: torch.Tensor  # [S]
-    seed: int = 0
 
 
 @dataclass
@@ -395,40 +359,15 @@ class Scheduler:
         return verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist(), deferred
 
     def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
-        """The method's policy over the batch of waiting rows (policies.py)."""
-        config = self.config
-        drafts, num_drafts = drafts.to(logits.device), num_drafts.to(logits.device)  # the token buffer is on the CPU
-        if config.method == "speculative" and not config.do_sample:
-            return greedy_match_verify(drafts, num_drafts, greedy(logits))
-        large_probs = self._probs(logits)  # [R, K+1, V] (tempered when sampling)
-        sampler = RowSampler([row.sampler.generators[0] for row in rows]) if config.do_sample else None
-        if config.method == "cascade":  # deferral decisions from untempered q and p (policies.cascade_verify)
-            small_logits = self._per_draft([row.draft_logits for row in rows], logits[:, :-1])
-            draft_probs = (self._per_draft([row.draft_probs for row in rows], large_probs[:, :-1]) if sampler
-                           else self._probs(small_logits))  # sampling: the very q each draft was drawn from
-            return cascade_verify(config.deferral, config.deferral_threshold, drafts, num_drafts, small_logits, logits,
-                                  draft_probs, large_probs, sampler)
-        if config.method == "speculative":
-            draft_probs = self._per_draft([row.draft_probs for row in rows], large_probs[:, :-1])
-            return speculative_verify(drafts, num_drafts, draft_probs, large_probs, sampler, config.lenience)
-        large_choice = choose(large_probs, config.do_sample, sampler, counts=num_drafts + 1)
-        return bild_verify(drafts, num_drafts, large_probs, large_choice, config.rollback_threshold)
-
-    @staticmethod
-    def _per_draft(per_row: list[list[torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
-        """[R, K, V] shaped as ``like``: each row's per-draft vectors (q or logits), zeros past its drafts."""
-        stacked = torch.zeros_like(like)
-        for i, values in enumerate(per_row):
-            if values:
-                stacked[i, : len(values)] = torch.stack(values)
-        return stacked
+        """The method's policy over the batch of waiting rows (policies.judge)."""
+        sampler = RowSampler([row.sampler.generators[0] for row in rows]) if self.config.do_sample else None
+        return judge(self.config, drafts, num_drafts, logits, [row.draft_probs for row in rows],
+                     [row.draft_logits for row in rows], sampler)
 
     # --- distributions and choices --------------------------------------------------------------
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.config.do_sample:
-            return to_probs(logits, self.config.temperature, self.config.top_p)
-        return to_probs(logits)
+        return model_probs(self.config, logits)
 
     def _choose(self, probs: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         """Each row's own choice: argmax, or a sample from the row's own random stream. [R, V] -> [R]"""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decoding.scheduler as scheduler_module
+import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import length_groups
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, _Row, decode_batch, scheduler_for
@@ -196,7 +196,7 @@ def test_batched_speculative_sampling_preserves_the_large_models_distribution(va
     A replacement drawn from p instead of the residual, and the drafter's own samples, fail the
     same tests at the same sample count."""
     if variant in RESIDUALS:
-        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+        monkeypatch.setattr(policies_module, "speculative_verify", verify_with_residual(variant))
     check_loop(sample_loop(family, BATCHED_SAMPLES, 64, variant), family, variant, BATCHED_SAMPLES)
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-import pipeline.decoding.scheduler as scheduler_module
+import pipeline.decoding.policies as policies_module
 from pipeline.decoding import BatchPolicy, DecodingConfig, Generator
 from pipeline.decoding.policies import acceptance, cascade_target, deferral, residual, target_verify
 from pipeline.decoding.sampling import RowSampler
@@ -207,11 +207,9 @@ def test_each_verification_defers_where_the_models_themselves_say(monkeypatch, s
     greedy, the kept drafts and the token after them; sampled, a rejection only where it deferred (where it
     does not, pi = q keeps the draft) and a replacement the residual max(0, p - q) can give. Put together,
     the verifications rebuild the record's output, and its deferral count is the one worked out here."""
-    import pipeline.decoding.policies as policies
-
     alpha, temperature = 0.5, settings.get("temperature", 1.0)
     decisions, calls = [], []
-    real_deferral, real_verify = policies.deferral, scheduler_module.cascade_verify
+    real_deferral, real_verify = policies_module.deferral, policies_module.cascade_verify
 
     def recording_deferral(*args):
         decisions.append(real_deferral(*args))
@@ -223,8 +221,8 @@ def test_each_verification_defers_where_the_models_themselves_say(monkeypatch, s
                       draft_probs.clone(), large_probs.clone(), verdict))
         return verdict
 
-    monkeypatch.setattr(policies, "deferral", recording_deferral)
-    monkeypatch.setattr(scheduler_module, "cascade_verify", recording_verify)
+    monkeypatch.setattr(policies_module, "deferral", recording_deferral)
+    monkeypatch.setattr(policies_module, "cascade_verify", recording_verify)
     pair = tiny_pair("t5", "noisy", 0)
     generator = Generator(pair, cascade("opt", alpha, **settings))
     deferred = drafted = close_calls = 0

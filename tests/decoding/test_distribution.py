@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decoding.scheduler as scheduler_module
+import pipeline.decoding.policies as policies_module
 from pipeline.decoding import speculative_verify
 from pipeline.decoding.engines.hf_engine import HFEngine
 from pipeline.decoding.models import build_engine
@@ -86,7 +86,7 @@ def test_speculative_loop_preserves_the_large_models_distribution(family, varian
     a first window accepted whole follow pL(t4 | t1..t3); a replacement drawn from p instead of the
     residual fails the same tests."""
     if variant in RESIDUALS:
-        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+        monkeypatch.setattr(policies_module, "speculative_verify", verify_with_residual(variant))
     check_loop(sample_loop(family, LOOP_SAMPLES, 1, variant), family, variant, LOOP_SAMPLES)
 
 

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 
-import pipeline.decoding.scheduler as scheduler_module
+import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
@@ -83,7 +83,7 @@ def test_a_window_of_zero_is_a_plain_large_step_and_is_counted():
 def test_speculative_sampling_with_any_windows_keeps_the_large_models_distribution(variant, family, monkeypatch):
     """The first round drafts three (so bonus runs are tested), later rounds 0 to 3 drafts."""
     if variant in RESIDUALS:
-        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+        monkeypatch.setattr(policies_module, "speculative_verify", verify_with_residual(variant))
     chooser = ScriptedWindows(3, windows=(3, 2, 0, 3, 1))
     outputs = sample_loop(family, 4000, 64, variant, draft_length=chooser)
     assert {0, 1, 2, 3} <= set(chooser.chosen) and sum(out.stats.plain_steps for out in outputs) > 100

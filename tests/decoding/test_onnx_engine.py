@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pipeline.decoding.engine as engine_module
-import pipeline.decoding.scheduler as scheduler_module
+import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.engines.native import NativeEngine
@@ -229,7 +229,7 @@ def test_int8_speculative_sampling_keeps_the_int8_large_models_distribution(vari
     with the same engine, and the bonus tokens its pL(t4 | t1..t3); a replacement drawn from p
     instead of the residual fails the same tests."""
     if variant in RESIDUALS:
-        monkeypatch.setattr(scheduler_module, "speculative_verify", verify_with_residual(variant))
+        monkeypatch.setattr(policies_module, "speculative_verify", verify_with_residual(variant))
     large = tiny_vocab_pair("t5")[1].float()
     reference = build_engine(large, "onnx", 64, quantize="int8")  # as many slots: the same int8 kernel
     outputs = sample_loop("t5", INT8_SAMPLES, 64, variant, engine="onnx", quantize="int8")
