@@ -11,10 +11,13 @@ With B rows in the batch, a window of k, and the running rates
 - ``c``: drafts per small-model call (a BiLD fallback ends a window without a draft), and
 - ``a``: the share of drafts kept, given the drafts before them were (a rejection drops the rest),
 
-a round of up to k drafts is expected to make ``1 + sum_{i<=k} (c a)^i`` tokens per row, with
-``sum_{i<k} c^i`` small-model calls and a verification over ``B (1 + sum_{i<=k} c^i)`` positions; both
-models' times come from CallCost fits of whole rounds (scheduler Python included). Until both fits
-hold, the configured window is used (it is how the fits learn).
+a round of up to k drafts is expected to make ``1 + sum_{i<=k} (c a)^i`` tokens per row. Its cost is
+set by the batch's longest row, not the average one: the drafting call steps until every row stopped, and
+the verification pads every row to the longest tail. A row drafts at least i tokens with probability c^i,
+so the longest of B rows does with ``1 - (1 - c^i)^B``: a round makes ``sum_{i<k} (1 - (1 - c^i)^B)``
+small-model calls and verifies ``B (1 + sum_{i<=k} (1 - (1 - c^i)^B))`` positions (at B = 1 the plain
+``sum c^i``). Both models' times come from CallCost fits of whole rounds (scheduler Python included).
+Until both fits hold, the configured window is used (it is how the fits learn).
 
 Whatever the window, every invariant holds: greedy speculative and BiLD with alpha_RB = 0 return the
 large model's tokens, sampling keeps its distribution. Only lossy settings (BiLD's rollback threshold,
@@ -89,7 +92,11 @@ class DraftLength:
         c = self.drafts / self.small_calls  # P(a small call drafts)
         a = self.kept / (self.kept + self.rejections) if self.kept + self.rejections else 1.0
         tokens = 1.0 + sum((c * a) ** i for i in range(1, k + 1))
-        small_calls = sum(c**i for i in range(k))
-        positions = rows * (1.0 + sum(c**i for i in range(1, k + 1)))
+
+        def longest_reaches(i: int) -> float:  # P(some row of the batch drafts at least i tokens)
+            return 1.0 - (1.0 - c**i) ** rows
+
+        small_calls = sum(longest_reaches(i) for i in range(k))
+        positions = rows * (1.0 + sum(longest_reaches(i) for i in range(1, k + 1)))
         seconds = small_calls * self.small_cost.predict(rows) + self.large_cost.predict(positions)
         return rows * tokens / seconds if seconds > 0 else 0.0
