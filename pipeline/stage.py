@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
-from pipeline.decoding.engines.ct2_engine import CT2Generator
+from pipeline.decoding.ct2_generator import CT2Generator
 from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA

@@ -70,7 +70,8 @@ def _generator(spec: ModelSpec, config: DecodingConfig):
         from pipeline.decoding import Generator
 
         return Generator(load_pair(spec), config)
-    from pipeline.decoding.engines.ct2_engine import CT2Generator, available
+    from pipeline.decoding.ct2_generator import CT2Generator
+    from pipeline.decoding.engines.ct2_engine import available
 
     if not available():
         raise click.UsageError("--engine ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")

@@ -1,8 +1,9 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
 config and policies hold the rules, scheduler drives them over a batch of rows, and the engines
-(engines/: hf_engine, the native t5_engine and bart_engine, onnx_engine, ct2_engine) run the models
-behind one seam (engine.py).
+(engines/: hf_engine, the native t5_engine and bart_engine, onnx_engine) run the models behind one
+seam (engine.py). generator turns texts into rows; ct2_generator does so with CTranslate2 (engines/ct2_engine)
+decoding the ids instead.
 
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
 Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.

@@ -28,6 +28,46 @@ DTYPE_NAMES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "float
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "int8")
 
 
+# A sampled record must depend on its id and seed alone; CTranslate2's sampling does not follow
+# ctranslate2.set_random_seed (OpenNMT/CTranslate2#1757, seen here too), so ct2 decodes greedily only.
+CT2_SAMPLING_UNSUPPORTED = (
+    "decoding.do_sample with models.engine ct2: CTranslate2's sampling does not follow a seed "
+    "(OpenNMT/CTranslate2#1757), so a record's output would not be reproducible; decode greedily or sample on "
+    "our own engine")
+
+
+# --- which settings go together: each rule once, in the words of the job file's keys ----------------------
+# The job schema asks these of the settings as written (device "auto" may be the CPU); ModelPair and the
+# CTranslate2 generator ask them again of what was resolved (the device found, the engine auto chose), for
+# callers that skip the schema (the CLI's options, the Python API). The engines only assert.
+
+
+def engine_problem(engine: str, quantize: str, device: str, dtype: str) -> str | None:
+    """Why models.engine / quantize / device / dtype cannot run together (None: they can)."""
+    on_gpu = device not in ("cpu", "auto")  # auto may resolve to the CPU: asked again once resolved
+    float32 = dtype in ("float32", "auto")
+    if engine == "ct2":
+        return "models.dtype float64 does not run on CTranslate2 (models.engine ct2)" if dtype == "float64" else None
+    if engine == "onnx" and (on_gpu or not float32):
+        return f"models.engine onnx runs on the CPU in float32; models.device is {device!r} and models.dtype {dtype!r}"
+    if quantize == "int8":
+        if engine == "hf":
+            return "models.quantize int8 runs on the native or onnx engine; models.engine is 'hf'"
+        if on_gpu or not float32:
+            return (f"models.quantize int8 runs on the CPU in float32; models.device is {device!r} and "
+                    f"models.dtype {dtype!r}")
+    return None
+
+
+def ct2_method_problem(methods, do_sample: bool = False, key: str = "decoding.method") -> str | None:
+    """Why CTranslate2 cannot decode with ``methods`` (None: it can): it runs one model alone, greedily."""
+    drafting = sorted(set(methods) - set(PLAIN_METHODS))
+    if drafting:
+        return (f"models.engine ct2 runs methods {' and '.join(PLAIN_METHODS)} only (CTranslate2's Python API "
+                f"cannot cut a decoder cache back to verify drafts); {key} is {', '.join(map(repr, drafting))}")
+    return CT2_SAMPLING_UNSUPPORTED if do_sample else None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model pair to load and how: the one description the job file's ``models:`` section,

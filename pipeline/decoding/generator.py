@@ -135,12 +135,28 @@ def encode_text(tokenizer, text: object, limit: int) -> tuple[torch.Tensor, bool
 
 
 class Generator:
-    """Decodes texts with one ModelPair under one DecodingConfig, record by record."""
+    """Decodes texts with one ModelPair under one DecodingConfig, one record or a batch at a time.
+
+    Texts become token ids here, and decoded ids become rows (GenerationResult) here; what decodes
+    the ids is ``decode_requests``, which another decoder (ct2_generator.CT2Generator) replaces."""
 
     def __init__(self, pair: ModelPair, config: DecodingConfig):
         self.pair = pair
         self.config = config
         self._slots = 1  # the slots of the engines the last decode ran on (its batch size; 1 before any)
+
+    @property
+    def tokenizer(self):
+        return self.pair.tokenizer
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.pair.eos_token_ids
+
+    def decode_requests(self, requests: Sequence[BatchRequest], batch: BatchPolicy) -> list[DecodeOutput]:
+        """Each request's tokens and statistics, ``batch.batch_size`` rows at a time (scheduler.py)."""
+        self._slots = batch.batch_size
+        return decode_batch(self.pair, self.config, batch, requests)
 
     @property
     def engine_kind(self) -> str:
@@ -170,7 +186,7 @@ class Generator:
 
     def encode(self, text: object) -> tuple[torch.Tensor, bool]:
         """Token ids [1, S] for one input, truncated to max_input_tokens, and whether it was cut."""
-        return encode_text(self.pair.tokenizer, text, self.config.max_input_tokens)
+        return encode_text(self.tokenizer, text, self.config.max_input_tokens)
 
     def generate_one(self, text: object, seed: int | None = None) -> GenerationResult:
         """Decode one text; any failure becomes the result's ``error``, never an exception."""
@@ -190,13 +206,13 @@ class Generator:
                 method=method,
                 input_tokens=input_ids.shape[1],
                 truncated=truncated,
-                unknown_tokens=unknown_token_count(input_ids[0].tolist(), self.pair.tokenizer),
+                unknown_tokens=unknown_token_count(input_ids[0].tolist(), self.tokenizer),
             )
         return self._decoded(output, input_ids, truncated, latency_ms)
 
     def _decoded(self, output: DecodeOutput, input_ids: torch.Tensor, truncated: bool, latency_ms: float):
         """The result of a record that decoded."""
-        tokenizer = self.pair.tokenizer
+        tokenizer = self.tokenizer
         prediction = tokenizer.decode(output.tokens, skip_special_tokens=True)
         return GenerationResult(
             prediction=prediction,
@@ -208,7 +224,7 @@ class Generator:
             stats=output.stats,
             token_ids=output.tokens,
             **output_flags(output.tokens, prediction, max_new_tokens=self.config.budget(input_ids.shape[1]),
-                           eos_ids=self.pair.eos_token_ids, tokenizer=tokenizer),
+                           eos_ids=self.eos_token_ids, tokenizer=tokenizer),
             unknown_tokens=unknown_token_count(input_ids[0].tolist(), tokenizer),
         )
 
@@ -224,7 +240,6 @@ class Generator:
         seeds = list(seeds) if seeds is not None else [self.config.seed] * len(texts)
         if batch is None or batch.batch_size == 1 or len(texts) <= 1:
             return [self.generate_one(text, seed) for text, seed in zip(texts, seeds)]
-        self._slots = batch.batch_size
         return self._generate_batch(texts, seeds, batch)
 
     def _generate_batch(self, texts: Sequence[object], seeds: list[int], batch: BatchPolicy) -> list[GenerationResult]:
@@ -239,7 +254,7 @@ class Generator:
         order = list(encoded)
         requests = [BatchRequest(encoded[i][0][0], seeds[i]) for i in order]
         try:
-            outputs = decode_batch(self.pair, self.config, batch, requests)
+            outputs = self.decode_requests(requests, batch)
         except Exception:  # noqa: BLE001 - find the record at fault: each one alone gets its own error
             for i in order:
                 results[i] = self.generate_one(texts[i], seeds[i])
@@ -252,5 +267,4 @@ class Generator:
     def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
         """Run the configured method on token ids [1, S] (encoders included): the scheduler with one row."""
         seed = self.config.seed if seed is None else seed
-        self._slots = ONE_AT_A_TIME.batch_size
-        return decode_batch(self.pair, self.config, ONE_AT_A_TIME, [BatchRequest(input_ids[0], seed)])[0]
+        return self.decode_requests([BatchRequest(input_ids[0], seed)], ONE_AT_A_TIME)[0]

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from pipeline.decoding.engines import bart_engine, onnx_engine, onnx_sessions, t5_engine
-from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
+from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec, engine_problem
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.engine import Engine, engine_kind
 from pipeline.decoding.engines.hf_engine import HFEngine
@@ -115,9 +115,11 @@ class ModelPair:
         reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
         onnx_reasons = {"small": onnx_unsupported_reason(self.small), "large": onnx_unsupported_reason(self.large)}
         self.engine_kind = engine_kind(self.engine_request, reasons, onnx_reasons)
-        if self.quantize != "none" and (self.engine_kind not in ("native", "onnx") or self.device.type != "cpu"):
-            raise ValueError(f"models.quantize {self.quantize} runs on the native engine on a CPU; this pair runs on "
-                             f"the {self.engine_kind} engine on {self.device.type}")
+        problem = engine_problem(self.engine_kind, self.quantize, self.device.type, self.dtype_name)
+        if problem:  # the job schema asked before the device and engine were resolved
+            resolved = "" if self.engine_kind == self.engine_request else \
+                f" (models.engine {self.engine_request!r} runs this pair on the {self.engine_kind} engine)"
+            raise ValueError(problem + resolved)
 
     @property
     def dtype_name(self) -> str:
@@ -169,7 +171,7 @@ class ModelPair:
         if key not in self._engines:
             if role not in self._prepared:
                 self._prepared[role] = prepare(model, self.engine_kind, self.quantize)
-            self._engines[key] = build_engine(model, self.engine_kind, slots, self._prepared[role])
+            self._engines[key] = build_engine(model, self.engine_kind, slots, prepared=self._prepared[role])
         return self._engines[key]
 
     def draft_length(self, config: DecodingConfig, slots: int) -> DraftLength:
@@ -224,9 +226,11 @@ def prepare(model: PreTrainedModel, kind: str, quantize: str = "none"):
     return native_weights(model, quantize) if kind == "native" else None
 
 
-def build_engine(model: PreTrainedModel, kind: str, slots: int, prepared=None, quantize: str = "none") -> Engine:
-    """An engine of ``kind`` ("native", "onnx" or "hf") for ``model`` with ``slots`` rows; ``prepared``
-    passes ``prepare``'s result when it exists already."""
+def build_engine(model: PreTrainedModel, kind: str, slots: int, quantize: str = "none", *, prepared=None) -> Engine:
+    """An engine of ``kind`` ("native", "onnx" or "hf") for ``model`` with ``slots`` rows, its matrices
+    ``quantize``d; or on ``prepared`` (``prepare``'s result, quantized as it was prepared)."""
+    if prepared is not None and quantize != "none":
+        raise ValueError("build_engine: pass quantize or prepared, not both (prepared weights are quantized already)")
     prepared = prepare(model, kind, quantize) if prepared is None else prepared
     if kind == "onnx":
         return onnx_engine.OnnxEngine(*prepared, slots)

@@ -156,10 +156,14 @@ def _hub_problems(key: str, name: str) -> list[str]:
 
 
 def _pair_problems(models) -> list[str]:
-    """The pair shares a vocabulary (decoding.check_pair: configs and tokenizers, no weights)."""
+    """The pair shares a vocabulary (decoding.check_pair: configs and tokenizers, no weights). Checked
+    where both models (and the tokenizer) are local folders or in this machine's hub cache; a hub id
+    fetched later is left to the actors, which make the same check before loading any weights (here it
+    would wait on the hub)."""
     from pipeline.decoding import IncompatiblePairError, check_pair
 
-    if models.engine == "ct2":
+    names = [models.small, models.large] + ([models.tokenizer] if models.tokenizer else [])
+    if models.engine == "ct2" or not all(_readable_here(name) for name in names):
         return []
     try:
         check_pair(models.small, models.large, models.tokenizer, models.trust_remote_code)
@@ -168,3 +172,12 @@ def _pair_problems(models) -> list[str]:
     except (OSError, ValueError) as exc:
         return [f"models: cannot read the pair's configs or tokenizer ({' '.join(str(exc).split())[:300]})"]
     return []
+
+
+def _readable_here(name: str) -> bool:
+    """A local folder, or a hub id whose config is in this machine's cache."""
+    if os.path.isdir(name):
+        return True
+    import huggingface_hub as hub
+
+    return bool(_HUB_ID.match(name)) and isinstance(hub.try_to_load_from_cache(name, "config.json"), str)

@@ -105,37 +105,16 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
 def _check_engines(job: JobConfig, points: "Points") -> None:
     """Engine ct2 (models.engine or report.baseline_engine) needs the ctranslate2 package and runs the
     plain methods only: a sweep's grid points decode with both models."""
-    from pipeline.decoding.config import PLAIN_METHODS
+    from pipeline.decoding.config import ct2_method_problem
     from pipeline.decoding.engines.ct2_engine import available
 
     wanted = [key for key, engine in (("models.engine", job.models.engine),
                                       ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]
     if wanted and not available():
         raise EngineError(f"{wanted[0]} ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
-    drafting = sorted({config.method for _, config in points if config.method not in PLAIN_METHODS})
-    if job.models.engine == "ct2" and drafting:
-        raise EngineError(f"models.engine ct2 runs methods large and small only; these points use "
-                          f"{', '.join(drafting)} (sweep on the native or onnx engine)")
-
-
-def _check_pair_early(job: JobConfig) -> None:
-    """An incompatible pair of local folders stops the job before Ray starts (IncompatiblePairError),
-    from the two configs and tokenizers alone. Hub ids, and folders the driver cannot read, are left to
-    the actors, which make the same check before loading any weights (the driver would otherwise wait
-    on the hub too)."""
-    from pathlib import Path
-
-    from pipeline.decoding import IncompatiblePairError, check_pair
-
-    spec = job.models.to_spec()
-    if spec.engine == "ct2" or not all(Path(name).is_dir() for name in (spec.small, spec.large)):
-        return  # CTranslate2 runs one model alone (perhaps a converted folder, with no pair to check)
-    try:
-        check_pair(spec.small, spec.large, spec.tokenizer, spec.trust_remote_code)
-    except IncompatiblePairError:
-        raise
-    except (OSError, ValueError) as exc:  # not here, or not readable without the actors' setup
-        log.info("the pair is checked on the actors: the driver cannot read its configs (%s)", exc)
+    problem = ct2_method_problem([config.method for _, config in points], key="the sweep's points' method")
+    if job.models.engine == "ct2" and problem:
+        raise EngineError(f"{problem} (sweep on the native or onnx engine)")
 
 
 Points = tuple[tuple[str, DecodingConfig], ...]
@@ -224,8 +203,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     _check_engines(job, points)
     # Before anything is removed or started: the input's files and columns, the model folders, the pair.
     listing = input_files(job.input)  # one listing: the ids are those of the records decoded
-    check_job(job, listing, pair=False)
-    _check_pair_early(job)
+    check_job(job, listing)
     all_ids = read_ids(job.input, listing)
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     with OutputLease(out_fs, out_path, url=job.output.path):

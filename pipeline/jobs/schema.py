@@ -22,6 +22,8 @@ from pipeline.decoding.config import (
     QUANTIZE_NAMES,
     DecodingConfig,
     ModelSpec,
+    ct2_method_problem,
+    engine_problem,
 )
 from pipeline.io.segments import SEGMENTS
 
@@ -78,19 +80,9 @@ class ModelsSection(_Section):
 
     @model_validator(mode="after")
     def _int8_runs_where_it_can(self):
-        if self.engine == "ct2":
-            if self.dtype == "float64":
-                raise ValueError("models.dtype float64 does not run on CTranslate2 (models.engine ct2)")
-            return self
-        if self.engine == "onnx" and (self.device.startswith("cuda") or self.dtype not in ("float32", "auto")):
-            raise ValueError(f"models.engine onnx runs on the CPU in float32; models.device is {self.device!r} and "
-                             f"models.dtype {self.dtype!r}")
-        if self.quantize == "int8":
-            if self.engine == "hf":
-                raise ValueError("models.quantize int8 runs on the native engine; models.engine is 'hf'")
-            if self.device.startswith("cuda") or self.dtype not in ("float32", "auto"):
-                raise ValueError(f"models.quantize int8 runs on the CPU in float32; models.device is "
-                                 f"{self.device!r} and models.dtype {self.dtype!r}")
+        problem = engine_problem(self.engine, self.quantize, self.device, self.dtype)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def to_spec(self) -> ModelSpec:
@@ -237,14 +229,11 @@ class JobConfig(_Section):
                 and baseline_engine == self.models.engine:
             raise ValueError("report.baseline must differ from decoding.method (or run on another "
                              "report.baseline_engine)")
-        if self.models.engine == "ct2" and self.decoding.method not in PLAIN_METHODS:
-            raise ValueError(f"models.engine ct2 runs methods {' and '.join(PLAIN_METHODS)} only (CTranslate2's "
-                             f"Python API cannot cut a decoder cache back to verify drafts); decoding.method is "
-                             f"{self.decoding.method!r}")
-        if "ct2" in (self.models.engine, self.report.baseline_engine) and self.decoding.do_sample:
-            from pipeline.decoding.engines.ct2_engine import SAMPLING_UNSUPPORTED
-
-            raise ValueError(SAMPLING_UNSUPPORTED)
+        if self.models.engine == "ct2" or baseline_engine == "ct2":
+            methods = [self.decoding.method] if self.models.engine == "ct2" else []
+            problem = ct2_method_problem(methods, self.decoding.do_sample)
+            if problem:
+                raise ValueError(problem)
         ct2_runs = self.models.engine == "ct2" or (self.report.baseline is not None and baseline_engine == "ct2")
         if ct2_runs and isinstance(self.decoding.max_new_tokens, TokenBudgetSection):
             raise ValueError("decoding.max_new_tokens in its ratio form runs on the pair engines; CTranslate2 "

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
 from pipeline.decoding.engines import ct2_engine
-from pipeline.decoding.engines.ct2_engine import CT2Generator, checkpoint_hash, converted_checkpoint
+from pipeline.decoding.ct2_generator import CT2Generator
+from pipeline.decoding.engines.ct2_engine import checkpoint_hash, converted_checkpoint
 from pipeline.decoding.generator import encode_text
 from pipeline.decoding.scheduler import BatchPolicy
 from pipeline.tiny import save_pair
@@ -138,7 +139,7 @@ def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_ar
 def test_ct2_refuses_the_methods_that_verify_drafts(saved_pair, tmp_path):
     small, large = saved_pair
     for method in ("bild", "speculative", "cascade"):
-        with pytest.raises(ValueError, match="models.engine ct2 decodes with method large or small"):
+        with pytest.raises(ValueError, match="models.engine ct2 runs methods large and small only"):
             CT2Generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(tmp_path)), DecodingConfig(method=method))
     with pytest.raises(ValueError, match="a model pair.s engine is one of"):
         ModelPair.from_pretrained(small, large, device="cpu", engine="ct2")

@@ -134,8 +134,8 @@ def _weights(pair: ModelPair):
 
 def test_int8_where_it_cannot_run_is_a_clear_error():
     small, large, tokenizer = build_pair("gpt2", seed=0, small="noisy")  # no native engine: Hugging Face's
-    with pytest.raises(ValueError, match="models.quantize int8 runs on the native engine"):
+    with pytest.raises(ValueError, match="models.quantize int8 runs on the native or onnx engine"):
         ModelPair(small, large, tokenizer, torch.device("cpu"), quantize="int8")
     small, large, tokenizer = build_pair("t5", seed=0, small="noisy")
-    with pytest.raises(ValueError, match="models.quantize int8 runs on the native engine"):
+    with pytest.raises(ValueError, match="models.quantize int8 runs on the native or onnx engine"):
         ModelPair(small, large, tokenizer, torch.device("cpu"), engine_request="hf", quantize="int8")

@@ -298,10 +298,15 @@ def test_build_engine_builds_it_with_the_int8_asked_for():
 
 
 def test_where_it_cannot_run_is_a_clear_error():
+    """The rule is stated once (config.engine_problem, which the job schema asks); the engine only asserts it."""
+    from pipeline.decoding.config import engine_problem
+
+    assert "models.engine onnx runs on the CPU in float32" in engine_problem("onnx", "none", "cpu", "float64")
+    assert "models.engine onnx runs on the CPU in float32" in engine_problem("onnx", "int8", "cuda", "auto")
+    assert engine_problem("onnx", "int8", "auto", "float32") is None
     small, large, tokenizer = build_pair("t5", seed=0, small="noisy")
-    with pytest.raises(ValueError, match="models.engine onnx runs on the CPU in float32"):
-        weights = native_weights(large.to(torch.float64))
-        OnnxEngine(weights, None, 1)
+    with pytest.raises(AssertionError, match="engine_problem"):
+        OnnxEngine(native_weights(large.to(torch.float64)), None, 1)
 
 
 def test_heads_onnxruntime_cannot_attend_with_run_on_the_native_engine(caplog, monkeypatch):

@@ -124,7 +124,7 @@ def test_ctranslate2_rows_carry_the_same_flags_as_our_engines(saved_tiny_pair, t
     """CT2Generator builds its own results: the same three flags as Generator on the same tokens."""
     pytest.importorskip("ctranslate2")
     from pipeline.decoding.config import ModelSpec
-    from pipeline.decoding.engines.ct2_engine import CT2Generator
+    from pipeline.decoding.ct2_generator import CT2Generator
 
     small, large = saved_tiny_pair
     config = DecodingConfig(method="large", max_new_tokens=12)

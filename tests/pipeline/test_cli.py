@@ -159,7 +159,7 @@ def write_input(tmp_path, ids):
      ({"decoding": {"max_new_tokens": "many"}}, "decoding.max_new_tokens"),
      ({"output": None}, "output: Field required"),
      ({"models": {"quantize": "int4"}}, "models.quantize"),
-     ({"models": {"quantize": "int8", "engine": "hf"}}, "models.quantize int8 runs on the native engine"),
+     ({"models": {"quantize": "int8", "engine": "hf"}}, "models.quantize int8 runs on the native or onnx engine"),
      ({"models": {"quantize": "int8", "device": "cuda"}}, "models.quantize int8 runs on the CPU")],
     ids=["unknown-key", "out-of-range", "wrong-type", "missing-section", "quantize", "int8-on-hf", "int8-on-gpu"],
 )
@@ -253,7 +253,8 @@ def test_run_refuses_an_incompatible_pair_with_exit_2_before_starting_ray(mismat
     job = write_job(tmp_path, models={"small": small, "large": large})
     result = CliRunner().invoke(main, ["run", str(job)])
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith(f"{job}: the small and large model have different vocabularies")
+    assert result.stderr.startswith(f"{job}: models.small and models.large: the small and large model have "
+                                    "different vocabularies")
 
 
 @pytest.mark.slow

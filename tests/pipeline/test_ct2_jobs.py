@@ -62,7 +62,7 @@ def test_a_sweep_or_a_missing_package_stops_before_ray(saved_tiny_pair, tmp_path
     job = JobConfig.model_validate(job_data(saved_tiny_pair, tmp_path, models={"engine": "ct2"},
                                             decoding={"method": "large"}))
     points = grid_points(job.decoding.to_config(), [0.5], [1.0])
-    with pytest.raises(EngineError, match="models.engine ct2 runs methods large and small only; these points use bild"):
+    with pytest.raises(EngineError, match="models.engine ct2 runs methods large and small only .*the sweep's points' method is 'bild'"):
         run_job(job, points=points)
     monkeypatch.setattr("pipeline.decoding.engines.ct2_engine.available", lambda: False)
     with pytest.raises(EngineError, match=r"pip install 'bild-pipeline\[ct2\]'"):

@@ -1,9 +1,9 @@
-"""CTranslate2 as an engine: plain decoding (method large or small) with the model a job names.
+"""CTranslate2 beside our engines: plain decoding (method large or small) with the model a job names.
 
 `CT2Model` is one Hugging Face seq2seq checkpoint converted by CTranslate2's own converter and
 loaded as a `ctranslate2.Translator`; `CT2Model.generate` decodes greedily from the encoder token
 ids our engines get and returns token ids, so a benchmark compares both engines token for token.
-`CT2Generator` is the job's face of it: texts in, `GenerationResult`s out, as `Generator` gives.
+The job's face of it, texts in and rows out, is `pipeline/decoding/ct2_generator.py`.
 
 CTranslate2 speaks token strings, not ids. The Hugging Face tokenizer maps between the two
 (convert_ids_to_tokens / convert_tokens_to_ids); the converter builds CTranslate2's vocabulary
@@ -33,22 +33,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from pipeline.decoding.config import PLAIN_METHODS, DecodingConfig, ModelSpec
-from pipeline.decoding.generator import GenerationResult, InputError, encode_text, output_flags, unknown_token_count
-from pipeline.decoding.stats import DecodeStats
+from pipeline.decoding.config import ModelSpec
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bild-pipeline" / "ct2"
-# A sampled record must depend on its id and seed alone; CTranslate2's sampling does not follow
-# ctranslate2.set_random_seed (OpenNMT/CTranslate2#1757, seen here too), so ct2 decodes greedily only.
-SAMPLING_UNSUPPORTED = ("decoding.do_sample with models.engine ct2: CTranslate2's sampling does not follow a seed "
-                        "(OpenNMT/CTranslate2#1757), so a record's output would not be reproducible; decode greedily "
-                        "or sample on our own engine")
 CT2_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}  # models.dtype -> compute type
 
 
@@ -146,83 +137,6 @@ class CT2Model:
             max_batch_size=max_batch_size,
         )
         return [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0][len(prefix):]) for result in results]
-
-
-class CT2Generator:
-    """Decodes texts with CTranslate2 under one DecodingConfig (method large or small): what the
-    decoding stage calls in place of `Generator` where models.engine is ct2."""
-
-    engine_kind = "ct2"
-
-    def __init__(self, spec: ModelSpec, config: DecodingConfig, threads: int = 1):
-        if config.method not in PLAIN_METHODS:
-            raise ValueError(f"models.engine ct2 decodes with method large or small (CTranslate2 cannot cut a "
-                             f"decoder cache back to verify drafts); the method is {config.method!r}")
-        if config.do_sample:
-            raise ValueError(SAMPLING_UNSUPPORTED)
-        self.config = config
-        self.quantize = spec.quantize
-        self.model = load_checkpoint(getattr(spec, config.method), spec, threads)
-        self.tokenizer = self.model.tokenizer
-
-    attention_path = "model"  # the output's attention column: CTranslate2's own (as Engine.attention_path)
-
-    @property
-    def int8_scheme(self) -> str | None:
-        """The output's int8_scheme column: CTranslate2's compute type where it is int8 ("ctranslate2-int8",
-        or "ctranslate2-int8_float16" on a GPU), else None."""
-        compute_type = self.model.compute_type
-        return f"ctranslate2-{compute_type}" if compute_type.startswith("int8") else None
-
-    def generate(self, texts: Sequence[object], seeds: Sequence[int] | None = None, batch=None) -> list[GenerationResult]:
-        """One result per text, errors in their own rows: decoded in groups of `batch.batch_size` by
-        input length (as CTranslate2 rebatches); each record's latency is its group's time. ``seeds``
-        is accepted as `Generator.generate` takes it; greedy decoding does not read it."""
-        results: list[GenerationResult | None] = [None] * len(texts)
-        encoded = {}
-        for i, text in enumerate(texts):
-            try:
-                ids, truncated = encode_text(self.tokenizer, text, self.config.max_input_tokens)
-                encoded[i] = (ids[0].tolist(), truncated)
-            except InputError as exc:
-                results[i] = GenerationResult(prediction=None, error=str(exc), method=self.config.method)
-        size = max(1, getattr(batch, "batch_size", 1))
-        order = sorted(encoded, key=lambda i: len(encoded[i][0]))
-        for start in range(0, len(order), size):
-            group = order[start:start + size]
-            for i, result in zip(group, self._decode_group(group, encoded)):
-                results[i] = result
-        return results
-
-    def _decode_group(self, group: list[int], encoded: dict) -> list[GenerationResult]:
-        """One translate_batch call for the group; if it fails, each record alone finds its own error."""
-        method = self.config.method
-        try:
-            started = time.perf_counter()
-            outputs = self.model.generate([encoded[i][0] for i in group], self.config.max_new_tokens,
-                                          max_batch_size=len(group))
-            latency_ms = (time.perf_counter() - started) * 1000.0
-        except Exception as exc:  # noqa: BLE001 - a record's failure must not stop the job
-            if len(group) > 1:
-                return [self._decode_group([i], encoded)[0] for i in group]
-            ids, truncated = encoded[group[0]]
-            return [GenerationResult(prediction=None, error=f"{type(exc).__name__}: {exc}"[:500], method=method,
-                                     input_tokens=len(ids), truncated=truncated,
-                                     unknown_tokens=unknown_token_count(ids, self.tokenizer))]
-        results = []
-        eos_ids = {self.tokenizer.eos_token_id} - {None}  # the end token CTranslate2 returns (return_end_token)
-        for i, tokens in zip(group, outputs):
-            ids, truncated = encoded[i]
-            written = {"large_tokens" if method == "large" else "small_tokens": len(tokens)}
-            prediction = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            results.append(GenerationResult(
-                prediction=prediction, error=None, method=method,
-                input_tokens=len(ids), truncated=truncated, latency_ms=latency_ms,
-                stats=DecodeStats(output_tokens=len(tokens), **written), token_ids=tokens,
-                **output_flags(tokens, prediction, max_new_tokens=self.config.budget(len(ids)), eos_ids=eos_ids,
-                               tokenizer=self.tokenizer),
-                unknown_tokens=unknown_token_count(ids, self.tokenizer)))
-        return results
 
 
 def load_checkpoint(name_or_path: str, spec: ModelSpec, threads: int = 1) -> CT2Model:

@@ -51,9 +51,8 @@ class NativeWeights(ABC):
         if unsupported:
             raise ValueError(unsupported)
         self.dtype, self.device = model.dtype, model.device
-        if quantize == "int8" and (self.device.type != "cpu" or self.dtype != torch.float32):
-            raise ValueError(f"models.quantize int8 runs on the CPU in float32 only, not on {self.device.type} "
-                             f"in {str(self.dtype).removeprefix('torch.')}")
+        assert quantize != "int8" or (self.device.type == "cpu" and self.dtype == torch.float32), \
+            "config.engine_problem: int8 on the CPU in float32 only"
         self.quantize = quantize
 
     def layer_matrix(self, weight: torch.Tensor) -> "Matrix | int8.Int8Matrix":

@@ -74,8 +74,8 @@ class OnnxEngine(Engine):
         ROWS_KERNEL_FROM_SLOTS says). ``attention``: "kernel" (decode_attention.c between onnxruntime
         segments: onnx_segments.py) or "onnxruntime" (its attention ops, the step one call); None:
         the kernel from KERNEL_FROM_SLOTS slots on where it builds."""
-        if weights.device.type != "cpu" or weights.dtype != torch.float32:
-            raise ValueError("models.engine onnx runs on the CPU in float32 (models.quantize int8 for int8)")
+        assert weights.device.type == "cpu" and weights.dtype == torch.float32, \
+            "config.engine_problem: the onnx engine on the CPU in float32 only"
         super().__init__(slots, weights.device)
         self.weights, self.sessions = weights, sessions
         if int8_kernel is None:
