@@ -44,16 +44,16 @@ CT2_SAMPLING_UNSUPPORTED = (
 
 def engine_problem(engine: str, quantize: str, device: str, dtype: str) -> str | None:
     """Why models.engine / quantize / device / dtype cannot run together (None: they can)."""
-    on_gpu = device not in ("cpu", "auto")  # auto may resolve to the CPU: asked again once resolved
+    off_cpu = device not in ("cpu", "auto")  # a GPU, mps...; auto may resolve to the CPU: asked again once resolved
     float32 = dtype in ("float32", "auto")
     if engine == "ct2":
         return "models.dtype float64 does not run on CTranslate2 (models.engine ct2)" if dtype == "float64" else None
-    if engine == "onnx" and (on_gpu or not float32):
+    if engine == "onnx" and (off_cpu or not float32):
         return f"models.engine onnx runs on the CPU in float32; models.device is {device!r} and models.dtype {dtype!r}"
     if quantize == "int8":
         if engine == "hf":
             return "models.quantize int8 runs on the native or onnx engine; models.engine is 'hf'"
-        if on_gpu or not float32:
+        if off_cpu or not float32:
             return (f"models.quantize int8 runs on the CPU in float32; models.device is {device!r} and "
                     f"models.dtype {dtype!r}")
     return None

@@ -112,9 +112,10 @@ def _check_engines(job: JobConfig, points: "Points") -> None:
                                       ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]
     if wanted and not available():
         raise EngineError(f"{wanted[0]} ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
-    problem = ct2_method_problem([config.method for _, config in points], key="the sweep's points' method")
-    if job.models.engine == "ct2" and problem:
-        raise EngineError(f"{problem} (sweep on the native or onnx engine)")
+    if job.models.engine == "ct2":
+        problem = ct2_method_problem([config.method for _, config in points], key="the sweep's points' method")
+        if problem:
+            raise EngineError(f"{problem} (sweep on the native or onnx engine)")
 
 
 Points = tuple[tuple[str, DecodingConfig], ...]
