@@ -3,7 +3,7 @@
     python docs/bench-adaptive/small_step_split.py [SLOTS]
 
 The demo's small model (int8, onnx engine, one thread): 2,000 one-token steps of one row (rewound every 30
-positions), then the engine's own counters: forward_seconds (the whole step) and kernel_seconds (inside
+positions), then the engine's own counters: forward_seconds (the whole step) and runtime_seconds (inside
 onnxruntime's call); then a cProfile of 1,000 more steps.
 """
 import time, torch, cProfile, pstats, sys
@@ -22,9 +22,9 @@ def loop(n):
         if e.lengths[0] > 30:
             for s in range(slots): e.rewind(s, 1)
 loop(200)
-f0, k0, c0 = e.forward_seconds, e.kernel_seconds, e.calls
+f0, k0, c0 = e.forward_seconds, e.runtime_seconds, e.calls
 t = time.perf_counter(); loop(2000); wall = time.perf_counter() - t
-f, k, c = e.forward_seconds - f0, e.kernel_seconds - k0, e.calls - c0
+f, k, c = e.forward_seconds - f0, e.runtime_seconds - k0, e.calls - c0
 print(f"per step: wall {1e3*wall/c:.3f} ms, forward {1e3*f/c:.3f}, runtime {1e3*k/c:.3f}, engine python {1e3*(f-k)/c:.3f} ({(f-k)/k:.0%} of runtime)")
 p = cProfile.Profile(); p.enable(); loop(1000); p.disable()
 pstats.Stats(p).sort_stats("tottime").print_stats(22)

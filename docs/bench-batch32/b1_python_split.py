@@ -15,11 +15,11 @@ g = Generator(pair, config)
 g.generate(texts)
 for rnd in range(3):
     engines = [pair.engine("small", 1), pair.engine("large", 1)]
-    before = [(e.calls, e.forward_seconds, e.kernel_seconds, e.admit_seconds) for e in engines]
+    before = [(e.calls, e.forward_seconds, e.runtime_seconds, e.admit_seconds) for e in engines]
     t = time.perf_counter(); g.generate(texts); wall = time.perf_counter() - t
     parts = []
     for e, b in zip(engines, before):
-        calls, fwd, ker, adm = e.calls - b[0], e.forward_seconds - b[1], e.kernel_seconds - b[2], e.admit_seconds - b[3]
+        calls, fwd, ker, adm = e.calls - b[0], e.forward_seconds - b[1], e.runtime_seconds - b[2], e.admit_seconds - b[3]
         parts.append(f"{calls} calls, runtime {ker/calls*1e6:.0f} us, python {(fwd-ker)/calls*1e6:.0f} us/call, admit {adm:.2f}s")
     rest = wall - sum((e.forward_seconds - b[1]) + (e.admit_seconds - b[3]) for e, b in zip(engines, before))
     print(f"wall {wall:.2f}s | small: {parts[0]} | large: {parts[1]} | rest {rest:.2f}s")

@@ -234,7 +234,7 @@ class Engine(ABC):
         self.positions_computed = 0  # ... and included
         self.forward_seconds = 0.0
         self.admit_seconds = 0.0  # encoder passes and cross-attention projections
-        self.kernel_seconds = 0.0  # of forward_seconds: inside the runtime's one call (onnxruntime's), if any
+        self.runtime_seconds = 0.0  # of forward_seconds: inside the runtime's one call (onnxruntime's), if any
         self.call_cost = CallCost()
 
     @property
@@ -329,13 +329,19 @@ def read_positions(hidden: torch.Tensor, feed: Feed) -> tuple[torch.Tensor, torc
     first = min(feed.reads)
     if first == max(feed.reads) and all(count == width for count in feed.counts):
         return hidden.view(rows, width, -1)[:, width - first :].reshape(rows * first, -1), None
+    source = [r * width + i for r, (count, read) in enumerate(zip(feed.counts, feed.reads))
+              for i in range(count - read, count)]
+    index = logit_places(feed)
+    return hidden[torch.tensor(source, device=hidden.device)], None if index is None else index.to(hidden.device)
+
+
+def logit_places(feed: Feed) -> torch.Tensor | None:
+    """Where each read position's logits go in [R * max(reads)], rows in ``feed``'s order; None when
+    every row reads as many (the logits are then in place already)."""
     most = max(feed.reads)
-    source, target = [], []
-    for r, (count, read) in enumerate(zip(feed.counts, feed.reads)):
-        source.extend(range(r * width + count - read, r * width + count))
-        target.extend(range(r * most, r * most + read))
-    device = hidden.device
-    return hidden[torch.tensor(source, device=device)], torch.tensor(target, device=device)
+    if min(feed.reads) == most:
+        return None
+    return torch.tensor([r * most + i for r, read in enumerate(feed.reads) for i in range(read)])
 
 
 def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -> torch.Tensor:

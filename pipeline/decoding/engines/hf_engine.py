@@ -24,6 +24,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from pipeline.decoding.engine import Engine, Feed, place_logits
+from pipeline.decoding.engines.cache_rows import grown, padded_ids, resized
 
 
 class UnsupportedModelError(ValueError):
@@ -60,8 +61,8 @@ class _SlotPool:
         """Make room for ``positions`` per slot, shaped like ``like`` (one (keys, values) per layer)."""
         if self.layers and positions <= self.capacity:
             return
-        capacity = max(positions, 2 * self.capacity, 16)
-        grown = []
+        capacity = grown(max(positions, 16), self.capacity)
+        layers = []
         for i, pair in enumerate(like):
             tensors = []
             for j, t in enumerate(pair):
@@ -69,8 +70,8 @@ class _SlotPool:
                 if self.layers:
                     new[:, :, : self.capacity] = self.layers[i][j]
                 tensors.append(new)
-            grown.append(tensors)
-        self.layers = grown
+            layers.append(tensors)
+        self.layers = layers
 
     def write(self, slots: torch.Tensor, positions: torch.Tensor, layers) -> None:
         """Store [R, H, W, D] keys/values of each layer at per-row ``positions`` [R, W]."""
@@ -171,9 +172,7 @@ class HFEngine(Engine):
         index = torch.tensor(slots, dtype=torch.long)
         lengths = torch.tensor([len(ids) for ids in input_ids])
         if encoded is None:
-            padded = torch.zeros((len(slots), int(lengths.max())), dtype=torch.long)
-            for row, ids in enumerate(input_ids):
-                padded[row, : len(ids)] = ids.cpu()
+            padded = padded_ids(input_ids, int(lengths.max()))
             mask = (torch.arange(padded.shape[1])[None, :] < lengths[:, None]).long()
             encoded = self.model.get_encoder()(input_ids=padded.to(self.device), attention_mask=mask.to(self.device))
             encoded = encoded.last_hidden_state  # [J, S, d]
@@ -188,10 +187,9 @@ class HFEngine(Engine):
         have = 0 if self.encoder_states is None else self.encoder_states.shape[1]
         if length <= have:
             return
-        grown = like.new_zeros((self.slots, max(length, 2 * have), like.shape[2]))
-        if self.encoder_states is not None:
-            grown[:, :have] = self.encoder_states
-        self.encoder_states = grown
+        if self.encoder_states is None:
+            self.encoder_states = like.new_zeros((self.slots, 0, like.shape[2]))
+        self.encoder_states = resized(self.encoder_states, 1, grown(length, have))
 
     # --- the forward pass -----------------------------------------------------------------------
 

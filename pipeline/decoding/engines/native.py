@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
 from pipeline.decoding.engines import int8
+from pipeline.decoding.engines.cache_rows import grown, padded_ids, resized, span_of
 
 
 class NativeWeights(ABC):
@@ -202,12 +203,13 @@ class NativeEngine(Engine):
 
     def __init__(self, weights: NativeWeights, slots: int):
         super().__init__(slots, weights.device)
-        self.weights = weights
-        self.capacity = 0
-        self.qkv = None  # [layers, slots, C, 3, H, dk]: each position's q, k, v as its matmul wrote them
+        self.weights = w = weights
+        self.capacity, self.sources = 0, 0  # C and S: grown by _reserve and _reserve_sources
+        self.qkv = torch.zeros((w.layer_count, slots, 0, 3, w.heads, w.d_kv), dtype=w.dtype, device=self.device)
+        # ^ [layers, slots, C, 3, H, dk]: each position's q, k, v as its matmul wrote them
+        self.cross = torch.zeros((w.layer_count, 2, slots, w.heads, 0, w.d_kv), dtype=w.dtype, device=self.device)
+        # ^ [layers, 2, slots, H, S, dk]
         self.table = None  # [H or 1, C, C]
-        self.sources = 0
-        self.cross = None  # [layers, 2, slots, H, S, dk]
         self.source_lengths = [0] * slots
         self._cross_rows = None  # (slots, cross keys/values of those rows) reused while they run together
         self._reserve(64)
@@ -222,23 +224,15 @@ class NativeEngine(Engine):
         """Room for ``positions`` decoder positions per slot (doubling, so growing is rare)."""
         if positions <= self.capacity:
             return
-        w = self.weights
-        capacity = max(positions, 2 * self.capacity)
-        grown = torch.zeros((w.layer_count, self.slots, capacity, 3, w.heads, w.d_kv), dtype=w.dtype, device=self.device)
-        if self.qkv is not None:
-            grown[:, :, : self.capacity] = self.qkv
-        self.qkv, self.capacity = grown, capacity
-        self.table = w.self_mask(capacity)
+        self.capacity = grown(positions, self.capacity)
+        self.qkv = resized(self.qkv, 2, self.capacity)
+        self.table = self.weights.self_mask(self.capacity)
 
     def _reserve_sources(self, length: int) -> None:
         if length <= self.sources:
             return
-        w = self.weights
-        sources = max(length, 2 * self.sources)
-        grown = torch.zeros((w.layer_count, 2, self.slots, w.heads, sources, w.d_kv), dtype=w.dtype, device=self.device)
-        if self.cross is not None:
-            grown[:, :, :, :, : self.sources] = self.cross
-        self.cross, self.sources = grown, sources
+        self.sources = grown(length, self.sources)
+        self.cross = resized(self.cross, 4, self.sources)
 
     # --- rows joining -----------------------------------------------------------------------------
 
@@ -248,10 +242,7 @@ class NativeEngine(Engine):
         cross-attention keys and values in their slots."""
         lengths = [len(ids) for ids in input_ids]
         if encoded is None:
-            padded = torch.zeros((len(slots), max(lengths)), dtype=torch.long)
-            for row, ids in enumerate(input_ids):
-                padded[row, : len(ids)] = ids.cpu()
-            encoded = self.weights.encode(padded.to(self.device), lengths)
+            encoded = self.weights.encode(padded_ids(input_ids, max(lengths)).to(self.device), lengths)
         width = encoded.shape[1]
         self._reserve_sources(width)
         kv = self.weights.cross_keys_values(encoded)  # [J, S, layers, 2, H, dk]
@@ -294,15 +285,15 @@ class NativeEngine(Engine):
     def _many_rows(self, feed: Feed, positions: torch.Tensor, keys: int) -> "Attention":
         """Several rows: read in place over the span of slots they occupy when it is not much wider
         than they are (the scheduler keeps rows in slot order), else gathered by slot."""
-        width, count, device = feed.width, len(feed.slots), self.device
+        width, device = feed.width, self.device
         slots = torch.tensor(feed.slots, device=device)
-        first, last = min(feed.slots), max(feed.slots)
+        span = span_of(feed.slots)
         place = None
-        if last - first + 1 <= 2 * count:  # in place: slots between the rows run along, their outputs unread
-            rows = slice(first, last + 1)
-            read = list(range(first, last + 1))
+        if span is not None:  # in place: slots between the rows run along, their outputs unread
+            rows = span
+            read = list(range(span.start, span.stop))
             if feed.slots != read:  # idle slots between the rows, or rows out of slot order
-                place = slots - first  # [R] where each fed row sits in the span
+                place = slots - span.start  # [R] where each fed row sits in the span
                 spread = torch.arange(width, device=device).repeat(len(read), 1)  # idle slots: any valid positions
                 spread[place] = positions
                 positions_read = spread
