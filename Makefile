@@ -35,8 +35,10 @@ demo: setup
 	$(VENV)/bin/bild-pipeline run jobs/demo.yaml $(DEMO_SET)
 	$(VENV)/bin/bild-pipeline report runs/demo --out runs/demo/report
 
+# Two workers, each test file on one (its module fixtures and local Ray built once): 9.3 min against
+# 14.5 serially on a 2-core machine.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The loop for someone changing the decoding or the jobs layer: their tests without Ray and without
 # the slow end-to-end cases, on two workers. `make test` (what CI runs) still runs everything.

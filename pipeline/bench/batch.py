@@ -47,7 +47,7 @@ class Cell:
     large_fed: int = 0  # large-model positions fed (last run); padding excluded ...
     large_computed: int = 0  # ... and included
     large_calls: int = 0
-    time_spent: dict = field(default_factory=dict)  # the last run's seconds: wall, forward, kernel, admit
+    time_spent: dict = field(default_factory=dict)  # the last run's seconds: wall, forward, runtime, admit
 
     @property
     def name(self) -> str:
@@ -100,7 +100,7 @@ def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list
 
 def _engine_seconds(engines) -> dict[str, float]:
     """The engines' seconds so far: forward steps, inside them the runtime's own call, admissions."""
-    return {key: sum(getattr(engine, f"{key}_seconds") for engine in engines) for key in ("forward", "kernel", "admit")}
+    return {key: sum(getattr(engine, f"{key}_seconds") for engine in engines) for key in ("forward", "runtime", "admit")}
 
 
 def time_split(spent: dict) -> str:
@@ -110,9 +110,9 @@ def time_split(spent: dict) -> str:
     wall = spent.get("wall")
     if not wall:
         return ""
-    kernel = f" (runtime {spent['kernel'] / wall:.0%})" if spent["kernel"] else ""
+    runtime = f" (runtime {spent['runtime'] / wall:.0%})" if spent["runtime"] else ""
     rest = 1 - (spent["forward"] + spent["admit"]) / wall
-    return f"steps {spent['forward'] / wall:.0%}{kernel}, admission {spent['admit'] / wall:.0%}, rest {rest:.0%}"
+    return f"steps {spent['forward'] / wall:.0%}{runtime}, admission {spent['admit'] / wall:.0%}, rest {rest:.0%}"
 
 
 def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | None, config: DecodingConfig,

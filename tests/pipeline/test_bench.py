@@ -189,15 +189,15 @@ def test_batch_bench_measures_every_cell_and_checks_outputs_against_batch_size_1
     for row in cells.values():  # where each run's time went: steps and admissions happen inside its wall time
         spent = row["time_spent"]
         assert 0 < spent["forward"] and 0 < spent["admit"] and spent["forward"] + spent["admit"] < spent["wall"]
-        assert spent["kernel"] == 0 and row["time_split"].startswith("steps ")  # the native engine: no runtime call
+        assert spent["runtime"] == 0 and row["time_split"].startswith("steps ")  # the native engine: no runtime call
 
 
 def test_time_split_says_where_a_runs_wall_time_went():
     from pipeline.bench.batch import time_split
 
-    spent = {"wall": 2.0, "forward": 1.5, "kernel": 1.0, "admit": 0.2}
+    spent = {"wall": 2.0, "forward": 1.5, "runtime": 1.0, "admit": 0.2}
     assert time_split(spent) == "steps 75% (runtime 50%), admission 10%, rest 15%"
-    assert time_split({**spent, "kernel": 0.0}) == "steps 75%, admission 10%, rest 15%"
+    assert time_split({**spent, "runtime": 0.0}) == "steps 75%, admission 10%, rest 15%"
     assert time_split({}) == ""
 
 
