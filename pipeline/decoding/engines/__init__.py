@@ -7,6 +7,8 @@ pool of row slots (admit, forward, rewind, release).
 | t5_engine.py, bart_engine.py | the native engine's T5 and BART families (and their layers as ONNX graphs) |
 | int8.py | int8 matrices for the native engine (fbgemm) |
 | onnx_engine.py | the onnx engine: the native engine's step and admission as onnxruntime calls |
+| onnx_attention.py | how its step attends: onnxruntime's ops or our kernel (onnx_segments.py, attention_kernel.py) |
+| cache_rows.py | what the cached engines share: buffer growth, span or gather, padded admission ids |
 | onnx_graph.py, onnx_sessions.py | the graphs it runs, and their sessions |
 | hf_engine.py | the Hugging Face engine: any architecture, the reference in tests |
 | ct2_engine.py | CTranslate2 for plain decoding in jobs (it cannot rewind a cache) |
