@@ -62,16 +62,8 @@ class _SlotPool:
         if self.layers and positions <= self.capacity:
             return
         capacity = grown(max(positions, 16), self.capacity)
-        layers = []
-        for i, pair in enumerate(like):
-            tensors = []
-            for j, t in enumerate(pair):
-                new = t.new_zeros((self.slots, t.shape[1], capacity, t.shape[3]))
-                if self.layers:
-                    new[:, :, : self.capacity] = self.layers[i][j]
-                tensors.append(new)
-            layers.append(tensors)
-        self.layers = layers
+        held = self.layers or [[t.new_zeros((self.slots, t.shape[1], 0, t.shape[3])) for t in pair] for pair in like]
+        self.layers = [[resized(t, 2, capacity) for t in pair] for pair in held]
 
     def write(self, slots: torch.Tensor, positions: torch.Tensor, layers) -> None:
         """Store [R, H, W, D] keys/values of each layer at per-row ``positions`` [R, W]."""

@@ -49,10 +49,6 @@ class StepAttention(ABC):
         """The caches moved (grown): every bound call points at the old ones."""
         self._calls = {}
 
-    def _keep(self, key: tuple, call) -> None:
-        if len(self._calls) >= KEPT_CALLS:
-            self._calls.pop(next(iter(self._calls)))  # the oldest
-        self._calls[key] = call
 
     @abstractmethod
     def source_size(self, needed: int, held: int) -> int:
@@ -112,7 +108,7 @@ class RuntimeAttention(StepAttention):
                            "total_sequence_length": np.array(held, dtype=np.int32)})
             call = _StepCall(engine.sessions.step(engine.int8_kernel), caches, inputs, engine.vocab)
             if key is not None:
-                self._keep(key, call)
+                _keep(self._calls, key, call)
         call.set_rows(positions, counts)
         return call
 
@@ -158,7 +154,7 @@ class KernelAttention(StepAttention):
             if engine.weights.position_bias:
                 inputs["self_bias"] = np.zeros((rows, engine.weights.heads, width + 1, engine.capacity), dtype=np.float32)
             call = SegmentedCall(self._frame(rows, width), caches, inputs, attention_kernel.kernel())
-            self._keep(key, call)
+            _keep(self._calls, key, call)
         call.set_rows(read, positions, counts)
         return call
 
@@ -167,15 +163,20 @@ class KernelAttention(StepAttention):
         step binds only its kernel calls anew)."""
         key, engine = (rows, width), self.engine
         if key not in self._frames:
-            if len(self._frames) >= KEPT_CALLS:
-                self._frames.pop(next(iter(self._frames)))  # the oldest
             pieces, logits, layout = engine.sessions.step_pieces(engine.int8_kernel)
-            self._frames[key] = SegmentFrame(pieces, logits, layout, rows, width, engine.weights.d_model, engine.vocab)
+            _keep(self._frames, key, SegmentFrame(pieces, logits, layout, rows, width, engine.weights.d_model, engine.vocab))
         return self._frames[key]
 
 
 STRATEGIES = {strategy.name: strategy for strategy in (RuntimeAttention, KernelAttention)}
 assert tuple(STRATEGIES) == attention_kernel.ATTENTIONS
+
+
+def _keep(kept: dict, key: tuple, value) -> None:
+    """Keep ``value`` under ``key``, dropping the oldest beyond KEPT_CALLS."""
+    if len(kept) >= KEPT_CALLS:
+        kept.pop(next(iter(kept)))
+    kept[key] = value
 
 
 def _rows(cache: torch.Tensor, read: slice | list[int], positions: int | None) -> torch.Tensor:
