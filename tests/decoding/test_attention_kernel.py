@@ -17,7 +17,7 @@ import torch
 
 from pipeline.decoding import DecodingConfig, ModelSpec
 from pipeline.decoding.engine import Feed
-from pipeline.decoding.engines import attention_kernel, onnx_engine, onnx_sessions
+from pipeline.decoding.engines import attention_kernel, onnx_engine, onnx_graph
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_segments import Attention
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
@@ -332,20 +332,24 @@ def test_rows_say_which_attention_and_int8_scheme_ran(saved_tiny_pair, kernel, b
     rows = DecodeStage(spec)(records).to_pylist()
     assert [row["error"] for row in rows] == [None, None, "unreadable"]
     assert {(row["engine"], row["quantize"], row["attention"], row["int8_scheme"]) for row in rows} == {
-        ("onnx", "int8", attention, onnx_sessions.INT8_SCHEMES["blocks"])}
+        ("onnx", "int8", attention, onnx_graph.int8_scheme("blocks"))}
 
 
 def test_engines_name_their_int8_scheme_truthfully():
     """Each scheme string names what the code runs: onnx_graph's kernels (its block size), int8.py's."""
-    from pipeline.decoding.engines import int8, onnx_graph
+    from pipeline.decoding.engines import int8
     from pipeline.decoding.engines.native import NativeEngine
 
-    assert set(onnx_sessions.INT8_SCHEMES) == set(onnx_graph.INT8_KERNELS)
-    assert f"block{onnx_graph.INT8_BLOCK}" in onnx_sessions.INT8_SCHEMES["blocks"]
+    assert f"block{onnx_graph.INT8_BLOCK}" in onnx_graph.int8_scheme("blocks")
+    assert onnx_graph.int8_scheme("rows") == f"onnxruntime-int8-per-channel-a{onnx_graph.ROW_BITS}"
+    assert onnx_graph.int8_scheme("blocks").endswith(f"+admission-{onnx_graph.int8_scheme('rows')}")
+    assert onnx_graph.ROW_LEVELS == 2 ** (onnx_graph.ROW_BITS - 1) - 1 and onnx_graph.ROW_ZERO == onnx_graph.ROW_LEVELS + 1
     weights = native_weights(build("bart"))
     for kernel_name in onnx_graph.INT8_KERNELS:
-        assert OnnxEngine(weights, OnnxSessions(weights, "int8"), 1, kernel_name).int8_scheme == \
-            onnx_sessions.INT8_SCHEMES[kernel_name]
+        engine = OnnxEngine(weights, OnnxSessions(weights, "int8"), 1, kernel_name)
+        assert engine.int8_scheme == onnx_graph.int8_scheme(kernel_name)
+        engine.admit([0], [torch.tensor([5, 6, 7])])  # admissions multiply by rows, whatever the steps use
+        assert {key for key in engine.sessions._sessions if key[0] == "admission"} == {("admission", False, "rows")}
     assert OnnxEngine(weights, OnnxSessions(weights), 1).int8_scheme is None
     assert NativeEngine(weights, 1).int8_scheme is None and NativeEngine(weights, 1).attention_path == "model"
     quantized = native_weights(build("bart"), "int8")

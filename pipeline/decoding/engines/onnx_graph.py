@@ -42,8 +42,8 @@ which keeps BiLD with rollback_threshold 0 identical to ``large``:
   One op: the cheapest at a few rows.
 - ``rows``: CTranslate2's scheme (and int8.py's): weights per output column, each row quantized on
   its own scale, MLAS's integer product (MatMulIntegerToFloat), scaled back. Seven ops where the
-  other has one, but the integer product is 2-3x faster from about 8 rows on (``onnx_engine`` picks by the
-  rows an engine runs).
+  other has one, but the integer product is 2-3x faster from about 8 rows on (``onnx_engine`` picks a
+  step's by the rows an engine runs, and runs every admission, a whole source at once, by rows).
 """
 
 from __future__ import annotations
@@ -62,9 +62,35 @@ MICROSOFT = "com.microsoft"  # onnxruntime's contrib ops: MatMulNBits, the atten
 # not depend on the other rows (test_onnx_engine's bit-for-bit tests fail at 128).
 INT8_BLOCK = 64
 INT8_KERNELS = ("blocks", "rows")
-# The ``rows`` kernel quantizes activations to 7 bits (levels -63..63 around 64): MLAS's u8s8 product on
-# CPUs without VNNI sums pairs of u8 x s8 products in int16, which 8-bit activations can overflow.
-ROW_LEVELS, ROW_ZERO = 63, 64
+
+
+def _has_vnni() -> bool:
+    """Whether this CPU has VNNI (AVX-512 or AVX): MLAS's u8s8 product then sums in int32."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+# The ``rows`` kernel quantizes activations to 8 bits (levels -127..127 around 128) where the CPU has
+# VNNI, to 7 bits (-63..63 around 64) elsewhere: without VNNI MLAS's u8s8 product sums pairs of u8 x s8
+# products in int16, which 8-bit activations can overflow. (T5 shapes, a 14-token source through
+# 24 encoder layers: 8 bits differ from the blocks kernel by 0.9% of the largest output, 7 bits by 1.5%.)
+ROW_BITS = 8 if _has_vnni() else 7
+ROW_LEVELS = (1 << (ROW_BITS - 1)) - 1
+ROW_ZERO = ROW_LEVELS + 1
+
+
+def int8_scheme(step_kernel: str) -> str:
+    """What the output's int8_scheme column says of an engine whose steps multiply by ``step_kernel``:
+    ``rows``: weights per output channel, each row's activations on its own scale in ROW_BITS bits
+    (MLAS's MatMulIntegerToFloat); ``blocks``: MatMulNBits, 8-bit weights in blocks of up to INT8_BLOCK
+    inputs per output, rows quantized by blocks at run time. Admissions multiply by rows either way
+    (onnx_engine.ADMISSION_INT8_KERNEL)."""
+    rows = f"onnxruntime-int8-per-channel-a{ROW_BITS}"
+    return rows if step_kernel == "rows" else f"onnxruntime-matmulnbits-int8-block{INT8_BLOCK}+admission-{rows}"
 
 # onnxruntime's contrib ops take their inputs by position (onnxruntime >= 1.32: query_seqlens).
 GQA_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
@@ -154,7 +180,7 @@ class LayerGraph:
         row_max = self.op("Max", row_max, self.constant(1e-12))  # [..., 1]; a row of zeros stays zeros
         step = self.constant(1 / ROW_LEVELS, name="step")
         levels = self.op("QuantizeLinear", self.op("Div", x, row_max), step,
-                         self.constant(ROW_ZERO, np.uint8, name="zero"))  # x / max |x| in 7-bit levels
+                         self.constant(ROW_ZERO, np.uint8, name="zero"))  # x / max |x| in ROW_BITS-bit levels
         product = self.op("MatMulIntegerToFloat", levels, self.constant(codes, np.int8, name="weight"), step,
                           self.constant(scales, name="scale"), self.constant(ROW_ZERO, np.uint8, name="zero"),
                           domain=MICROSOFT)

@@ -12,11 +12,7 @@ from pipeline.decoding.engines.native import NativeWeights
 
 MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntime onnx"
 PROTOBUF_LIMIT = 1 << 30  # weights up to 1 GiB travel inside the serialized graph, larger ones in a file
-# What the output's int8_scheme column says of onnx_graph's int8 kernels (here: onnx_graph needs onnx):
-# ``blocks``: MatMulNBits, 8-bit weights in blocks of up to INT8_BLOCK (64) inputs per output, rows
-# quantized by blocks at run time; ``rows``: weights per output channel, each row's activations on its own
-# scale (7 bits), MLAS's MatMulIntegerToFloat. Every product of the graph, whatever its size.
-INT8_SCHEMES = {"blocks": "onnxruntime-matmulnbits-int8-block64", "rows": "onnxruntime-int8-per-channel"}
+
 
 
 def unsupported_reason(head_size: int) -> str | None:
@@ -69,8 +65,8 @@ class OnnxSessions:
         self._sessions: dict = {}
 
     def int8_scheme(self, int8_kernel: str) -> str | None:
-        """INT8_SCHEMES' name of an engine's int8 products with ``int8_kernel``; None in float32."""
-        return INT8_SCHEMES[int8_kernel] if self.quantize == "int8" else None
+        """onnx_graph.int8_scheme of an engine whose steps multiply by ``int8_kernel``; None in float32."""
+        return _graphs().int8_scheme(int8_kernel) if self.quantize == "int8" else None
 
     def _kernel(self, int8_kernel: str) -> str:
         """The int8 kernel asked for; float32 has none (one session serves every engine)."""
