@@ -21,7 +21,7 @@ from pipeline.decoding.ct2_generator import CT2Generator
 from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
-from pipeline.io.segments import documents_of, join_results, unit_key
+from pipeline.io.segments import Unit, decode_records, documents_of, unit_key
 from pipeline.metrics import quality as q
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
@@ -158,24 +158,16 @@ class DecodeStage:
         others' and its result put back together from theirs (io/segments.py)."""
         kill_if_chosen([row["id"] for row in records])
         config = generator.config
-        results: list[GenerationResult | None] = [None] * len(records)
-        texts, seeds, where = [], [], []
-        for i, row in enumerate(records):
-            if row.get("input_error"):
-                results[i] = GenerationResult(prediction=None, error=row["input_error"], method=config.method)
-                continue
-            document = row.get(DOCUMENT)
-            for k, text in enumerate(document.sentences if document is not None else [row["text"]]):
-                texts.append(apply_prompt(self.spec.prompt, text))
-                seeds.append(record_seed(config.seed, unit_key(row["id"], k)))
-                where.append(i)
-        units: dict[int, list[GenerationResult]] = {i: [] for i, row in enumerate(records) if results[i] is None}
-        for i, result in zip(where, generator.generate(texts, seeds, batch=self.batch_policy)):
-            units[i].append(result)
-        for i, decoded in units.items():
-            document = records[i].get(DOCUMENT)
-            results[i] = join_results(document, decoded, config.method) if document is not None else decoded[0]
-        return results
+
+        def decode(units: list[Unit]) -> list[GenerationResult]:
+            texts = [apply_prompt(self.spec.prompt, unit.text) for unit in units]
+            seeds = [record_seed(config.seed, unit_key(records[unit.record]["id"], unit.index)) for unit in units]
+            return generator.generate(texts, seeds, batch=self.batch_policy)
+
+        items = [None if row.get("input_error") else row["text"] if row.get(DOCUMENT) is None else row[DOCUMENT]
+                 for row in records]
+        return [GenerationResult(prediction=None, error=row["input_error"], method=config.method) if result is None
+                else result for row, result in zip(records, decode_records(decode, items, config.method))]
 
     def _output_row(self, row: dict, point: str, result: GenerationResult, baseline: GenerationResult | None,
                     call: dict) -> dict:

@@ -95,7 +95,7 @@ def _generator(spec: ModelSpec, config: DecodingConfig):
 def generate(ctx, job_file, overrides, as_json, texts, **_):
     """Decode TEXTS with a small/large pair and print each output with its statistics (errors on stderr)."""
     from pipeline.io.records import apply_prompt
-    from pipeline.io.segments import decode_by_sentence, split_sentences
+    from pipeline.io.segments import decode_records, split_sentences
     from pipeline.jobs.preflight import models_problems
 
     spec, config, prompt, batch, language = _generate_settings(ctx, job_file, overrides)
@@ -107,13 +107,9 @@ def generate(ctx, job_file, overrides, as_json, texts, **_):
         raise click.UsageError("\n".join(problems))
     generator = _generator(spec, config)
     generator.generate(["warm up"], batch=batch)  # first-call set-up (allocation, kernels) outside latency_ms
-    if language is None:
-        results = generator.generate([apply_prompt(prompt, text) for text in texts], batch=batch)
-    else:  # input.segment: sentence, as the job's stage decodes a record
-        documents = [split_sentences(text, language) for text in texts]
-        results = decode_by_sentence(
-            lambda sentences: generator.generate([apply_prompt(prompt, s) for s in sentences], batch=batch),
-            documents, config.method)
+    items = list(texts) if language is None else [split_sentences(text, language) for text in texts]  # input.segment
+    results = decode_records(lambda units: generator.generate([apply_prompt(prompt, unit.text) for unit in units],
+                                                              batch=batch), items, config.method)
     failed = False
     for text, result in zip(texts, results):
         record = {"input": text, **result.to_record()}

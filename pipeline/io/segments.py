@@ -76,11 +76,27 @@ def unit_key(record_id: str, index: int) -> str:
     return record_id if index == 0 else f"{record_id}#{index}"
 
 
-def decode_by_sentence(decode, documents: Sequence[Document], method: str) -> list:
-    """Each document's result from its sentences', all decoded in one ``decode(sentences) -> results`` call
-    (``generate``'s path; the stage interleaves records that failed to read and seeds each unit by its id)."""
-    results = iter(decode([sentence for document in documents for sentence in document.sentences]))
-    return [join_results(document, [next(results) for _ in document.sentences], method) for document in documents]
+@dataclass(frozen=True)
+class Unit:
+    """What one decoding unit is: a text, or one sentence of a document."""
+
+    record: int  # its record's place among those decoded together
+    index: int  # its place in its record (0 for a text decoded whole)
+    text: str
+
+
+def decode_records(decode, items: Sequence[Document | str | None], method: str) -> list:
+    """One result per item from one ``decode(units) -> results`` call over every item's Units: a
+    Document's sentences (its result joined from theirs: join_results), a str as one unit (its result
+    as is). A None item (a record that failed to read) is not decoded: its result is None, for the
+    caller to fill. The stage and `generate` both decode records this way."""
+    units = [Unit(i, k, text) for i, item in enumerate(items) if item is not None
+             for k, text in enumerate(item.sentences if isinstance(item, Document) else [item])]
+    decoded: dict[int, list] = {i: [] for i, item in enumerate(items) if item is not None}
+    for unit, result in zip(units, decode(units), strict=True):
+        decoded[unit.record].append(result)
+    return [None if item is None else join_results(item, decoded[i], method) if isinstance(item, Document)
+            else decoded[i][0] for i, item in enumerate(items)]
 
 
 def join_results(document: Document, results: Sequence, method: str):

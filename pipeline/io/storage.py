@@ -107,12 +107,21 @@ def read_records(input_config, listing: tuple[fsspec.AbstractFileSystem, list[st
         dataset = ray.data.read_parquet(files, filesystem=filesystem)
     else:
         dataset = ray.data.read_csv(files, filesystem=filesystem, convert_options=_csv_options(cfg, columns))
-    names = dataset.schema().names
-    for key, name in (("input.id_column", cfg.id_column), ("input.text_column", cfg.text_column),
-                      ("input.reference_column", cfg.reference_column)):
-        if name and name not in names:
-            raise InputError(f"{key} {name!r} is not a column of the input (columns: {', '.join(names)})")
+    missing = missing_columns(cfg, dataset.schema().names, "the input")
+    if missing:
+        raise InputError("\n".join(missing))
     return dataset.map(lambda row: normalize(row, *columns))
+
+
+def missing_columns(input_config, names: list[str], where: str) -> list[str]:
+    """A message for each of the input's id, text and reference columns that ``names`` (the columns of
+    ``where``) lacks; a JSONL record may leave its reference out."""
+    cfg = input_config
+    wanted = [("input.id_column", cfg.id_column), ("input.text_column", cfg.text_column)]
+    if cfg.format != "jsonl":
+        wanted.append(("input.reference_column", cfg.reference_column))
+    return [f"{key} {name!r} is not a column of {where} (columns: {', '.join(names)})"
+            for key, name in wanted if name and name not in names]
 
 
 def _csv_options(cfg, columns, include: list[str] | None = None):

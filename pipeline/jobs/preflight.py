@@ -16,7 +16,7 @@ import re
 
 import fsspec
 
-from pipeline.io.storage import InputError, input_files
+from pipeline.io.storage import InputError, input_files, missing_columns
 
 # A hub id ("t5-small", "google/flan-t5-base"), as opposed to a folder path ("./models/x", "/data/m", "a/b/c").
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -55,11 +55,7 @@ def input_problems(input_config, listing=None) -> list[str]:
         names = _column_names(fs, files[0], input_config.format)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is named with the store's own words
         return [f"input.path: cannot read {files[0]} as {input_config.format} ({type(exc).__name__}: {exc})"]
-    wanted = [("input.id_column", input_config.id_column), ("input.text_column", input_config.text_column)]
-    if input_config.format != "jsonl":  # a JSONL record may leave its reference out
-        wanted.append(("input.reference_column", input_config.reference_column))
-    return [f"{key} {name!r} is not a column of {files[0]} (columns: {', '.join(names)})"
-            for key, name in wanted if name and name not in names]
+    return missing_columns(input_config, names, files[0])
 
 
 def _column_names(fs, file: str, format: str) -> list[str]:

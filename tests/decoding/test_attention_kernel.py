@@ -354,3 +354,20 @@ def test_engines_name_their_int8_scheme_truthfully():
     assert NativeEngine(weights, 1).int8_scheme is None and NativeEngine(weights, 1).attention_path == "model"
     quantized = native_weights(build("bart"), "int8")
     assert NativeEngine(quantized, 1).int8_scheme == int8.SCHEME
+
+
+def test_the_int8_kernel_goes_by_slots_and_by_the_weights_a_step_reads(monkeypatch):
+    """Rows from ROWS_KERNEL_FROM_SLOTS slots on, or at any slots for a model whose step multiplies by
+    ROWS_KERNEL_FROM_WEIGHTS weights or more (its step bound by reading them); blocks otherwise."""
+    weights = native_weights(build("t5-v1.0"))
+    sessions = OnnxSessions(weights, "int8")
+    layer = weights.decoder_layers[0]
+    per_layer = sum(m.shape[0] * m.shape[1] for m in (layer.qkv, layer.out, layer.ff_in, layer.ff_out,
+                                                      layer.cross_q, layer.cross_out))
+    assert weights.step_weights() == weights.layer_count * per_layer + weights.head.shape[0] * weights.head.shape[1]
+    slots = onnx_engine.ROWS_KERNEL_FROM_SLOTS
+    assert [OnnxEngine(weights, sessions, n).int8_kernel for n in (1, slots - 1, slots)] == ["blocks", "blocks", "rows"]
+    monkeypatch.setattr(onnx_engine, "ROWS_KERNEL_FROM_WEIGHTS", weights.step_weights())
+    assert [OnnxEngine(weights, sessions, n).int8_kernel for n in (1, slots)] == ["rows", "rows"]
+    monkeypatch.setattr(onnx_engine, "ROWS_KERNEL_FROM_WEIGHTS", weights.step_weights() + 1)
+    assert OnnxEngine(weights, sessions, 1).int8_kernel == "blocks"

@@ -13,7 +13,8 @@
 Every row reads its own positions, so rows of different lengths share a pass. Where a LayerNorm
 feeds only the next matrix (norms before each sub-layer, the final norm before the head) its
 weight and bias are folded into that matrix and its bias; q, k and v are fused into one matrix;
-every decoder layer's cross-attention keys and values come from one matmul per record.
+every decoder layer's cross-attention keys and values come from one matmul per record. Its layers
+are written once, against verbs (torch_verbs.py), for the native engine and the onnx engine's graphs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
 
-from pipeline.decoding.engines.native import Attention, Matrix, NativeWeights, clamp_half, key_padding_mask
+from pipeline.decoding.engines.native import Matrix, NativeWeights
+from pipeline.decoding.engines.torch_verbs import TORCH
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,6 @@ class BartWeights(NativeWeights):
         self.attention_scale = self.d_kv**-0.5
         self.embed_scale = math.sqrt(self.d_model) if config.scale_embedding else 1.0
         self.act_name = config.activation_function
-        self.act = ACT2FN[self.act_name]
         self.pad = config.pad_token_id
         encoder, decoder = model.get_encoder(), model.get_decoder()
         self.eps = decoder.layers[0].final_layer_norm.eps
@@ -171,28 +172,7 @@ class BartWeights(NativeWeights):
             built.cross_norm = self._norm_of(layer.encoder_attn_layer_norm) if post else None
         return built
 
-    # --- pieces of the forward pass ---------------------------------------------------------------
-
-    def _normalized(self, x: torch.Tensor, norm: tuple | None = None) -> torch.Tensor:
-        """LayerNorm: with its weight and bias (norm), or bare (a pre-norm whose weight is folded)."""
-        if norm is None:
-            return F.layer_norm(x, (self.d_model,), eps=self.eps)
-        weight, bias, eps = norm
-        return F.layer_norm(x, (self.d_model,), weight, bias, eps)
-
-    def _sublayer(self, x: torch.Tensor, output: torch.Tensor, weight, bias, norm: tuple | None) -> torch.Tensor:
-        """The residual around a sub-layer whose last matrix is (weight, bias): x + output @ W + b,
-        then the post-norm's LayerNorm where the family has one."""
-        x = weight.addmm(bias, output).add_(x)
-        return self._normalized(x, norm) if norm is not None else x
-
-    def _input(self, x: torch.Tensor) -> torch.Tensor:
-        """What a sub-layer's first matrix reads: LayerNorm(x) (folded weight) before, x after."""
-        return self._normalized(x) if self.family.pre_norm else x
-
-    def _feed_forward(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        hidden = self.act(layer.fc1.addmm(layer.fc1_bias, self._input(x)))
-        return self._sublayer(x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
+    # --- torch-only pieces (the onnx engine runs them in torch too) --------------------------------
 
     def _embedded(self, tokens, positions, embedding, table, norm) -> torch.Tensor:
         """Token embeddings (scaled) plus position vectors, then the embedding LayerNorm if any. [N, d]"""
@@ -200,38 +180,13 @@ class BartWeights(NativeWeights):
         if self.family.positions == "m2m100":  # a pad token gets no position (create_position_ids_from_input_ids)
             position_vectors = position_vectors.masked_fill((tokens == self.pad)[..., None], 0.0)
         x = (F.embedding(tokens, embedding) * self.embed_scale + position_vectors).view(tokens.numel(), -1)
-        return self._normalized(x, norm) if norm is not None else x
-
-    # --- NativeWeights ----------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        rows, width = input_ids.shape
-        heads, d_kv = self.encoder_heads, self.d_model // self.encoder_heads
-        x = self.source_embedding(input_ids).view(rows * width, -1)
-        mask = key_padding_mask(lengths, width, self.dtype, self.device)  # padded keys are never attended
-        for layer in self.encoder_layers:
-            qkv = layer.qkv.addmm(layer.qkv_bias, self._input(x))
-            qkv = qkv.view(rows, width, 3, heads, d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
-            attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=mask,
-                                                      scale=d_kv**-0.5)
-            x = self._sublayer(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.out, layer.out_bias,
-                               layer.attention_norm)
-            x = clamp_half(self._feed_forward(x, layer))
-        if self.encoder_final_norm is not None:
-            x = self._normalized(x, self.encoder_final_norm)
-        return x.view(rows, width, -1)
+        return self._normalized(TORCH, x, norm) if norm is not None else x
 
     def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
         rows, width = input_ids.shape
         positions = torch.arange(width, device=self.device).expand(rows, -1)
         return self._embedded(input_ids, positions, self.encoder_embedding, self.encoder_positions,
                               self.encoder_embedding_norm).view(rows, width, -1)
-
-    def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
-        rows, width, _ = encoded.shape
-        kv = self.cross_kv.addmm(self.cross_kv_bias, encoded.reshape(rows * width, -1))
-        return kv.view(rows, width, self.layer_count, 2, self.heads, self.d_kv)
 
     def self_mask(self, capacity: int) -> torch.Tensor:
         position = torch.arange(capacity, device=self.device)
@@ -244,58 +199,48 @@ class BartWeights(NativeWeights):
         x = self._embedded(tokens, positions, self.decoder_embedding, self.decoder_positions, self.decoder_embedding_norm)
         return x if out is None else out.copy_(x)
 
-    def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
-        layer = self.decoder_layers[index]
-        attended = attend.self_attention(index, self._input(x), layer.qkv, layer.qkv_bias)
-        x = self._sublayer(x, attended, layer.out, layer.out_bias, layer.attention_norm)
-        query = layer.cross_q.addmm(layer.cross_q_bias, self._input(x))
-        x = self._sublayer(x, attend.cross_attention(index, query), layer.cross_out, layer.cross_out_bias,
-                           layer.cross_norm)
-        return self._feed_forward(x, layer)
+    # --- the layers, written once (torch_verbs.py: run in torch, or added to an ONNX graph) -------
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.final_normalized:
-            hidden = self._normalized(hidden)
-        return self.head.addmm(self.head_bias, hidden)
+    def _normalized(self, verbs, x, norm: tuple | None = None):
+        """LayerNorm: with its weight and bias (norm), or bare (a pre-norm whose weight is folded)."""
+        return verbs.layer_norm(x, self.eps) if norm is None else verbs.layer_norm(x, norm[2], norm[0], norm[1])
 
-    # --- the same in an ONNX graph (onnx_engine.py) -----------------------------------------------
+    def _sublayer(self, verbs, x, output, weight, bias, norm: tuple | None):
+        """The residual around a sub-layer whose last matrix is (weight, bias): x + output @ W + b,
+        then the post-norm's LayerNorm where the family has one."""
+        x = verbs.residual(x, output, weight, bias)
+        return self._normalized(verbs, x, norm) if norm is not None else x
 
-    def _normalized_graph(self, graph, x: str, norm: tuple | None = None) -> str:
-        return graph.layer_norm(x, self.eps) if norm is None else graph.layer_norm(x, norm[2], norm[0], norm[1])
+    def _input(self, verbs, x):
+        """What a sub-layer's first matrix reads: LayerNorm(x) (folded weight) before, x after."""
+        return self._normalized(verbs, x) if self.family.pre_norm else x
 
-    def _sublayer_graph(self, graph, x: str, output: str, weight, bias, norm: tuple | None) -> str:
-        x = graph.add(graph.matmul(output, weight, bias), x)
-        return self._normalized_graph(graph, x, norm) if norm is not None else x
+    def _feed_forward(self, verbs, x, layer: _Layer):
+        hidden = verbs.activation(verbs.matmul(self._input(verbs, x), layer.fc1, layer.fc1_bias), self.act_name)
+        return self._sublayer(verbs, x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
 
-    def _input_graph(self, graph, x: str) -> str:
-        return self._normalized_graph(graph, x) if self.family.pre_norm else x
-
-    def _feed_forward_graph(self, graph, x: str, layer: _Layer) -> str:
-        hidden = graph.activation(graph.matmul(self._input_graph(graph, x), layer.fc1, layer.fc1_bias), self.act_name)
-        return self._sublayer_graph(graph, x, hidden, layer.fc2, layer.fc2_bias, layer.feed_forward_norm)
-
-    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
+    def decoder_layer(self, verbs, x, index: int):
         layer, scale = self.decoder_layers[index], self.attention_scale
-        attended = graph.self_attention(index, self._input_graph(graph, x), layer.qkv, layer.qkv_bias, scale)
-        x = self._sublayer_graph(graph, x, attended, layer.out, layer.out_bias, layer.attention_norm)
-        query = graph.matmul(self._input_graph(graph, x), layer.cross_q, layer.cross_q_bias)
-        x = self._sublayer_graph(graph, x, graph.cross_attention(index, query, scale), layer.cross_out,
-                                 layer.cross_out_bias, layer.cross_norm)
-        return self._feed_forward_graph(graph, x, layer)
+        attended = verbs.self_attention(index, self._input(verbs, x), layer.qkv, layer.qkv_bias, scale)
+        x = self._sublayer(verbs, x, attended, layer.out, layer.out_bias, layer.attention_norm)
+        query = verbs.matmul(self._input(verbs, x), layer.cross_q, layer.cross_q_bias)
+        x = self._sublayer(verbs, x, verbs.cross_attention(index, query, scale), layer.cross_out,
+                           layer.cross_out_bias, layer.cross_norm)
+        return self._feed_forward(verbs, x, layer)
 
-    def logits_graph(self, graph, hidden: str) -> str:
+    def logits(self, verbs, hidden):
         if self.final_normalized:
-            hidden = self._normalized_graph(graph, hidden)
-        return graph.matmul(hidden, self.head, self.head_bias)
+            hidden = self._normalized(verbs, hidden)
+        return verbs.matmul(hidden, self.head, self.head_bias)
 
-    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
+    def encoder_layer(self, verbs, x, index: int):
         layer, scale = self.encoder_layers[index], (self.d_model // self.encoder_heads) ** -0.5
-        attended = graph.self_attention(self._input_graph(graph, x), layer.qkv, layer.qkv_bias, scale)
-        x = self._sublayer_graph(graph, x, attended, layer.out, layer.out_bias, layer.attention_norm)
-        return self._feed_forward_graph(graph, x, layer)
+        attended = verbs.self_attention(self._input(verbs, x), layer.qkv, layer.qkv_bias, scale)
+        x = self._sublayer(verbs, x, attended, layer.out, layer.out_bias, layer.attention_norm)
+        return self._feed_forward(verbs, x, layer)
 
-    def encoder_output_graph(self, graph, x: str) -> str:
-        return x if self.encoder_final_norm is None else self._normalized_graph(graph, x, self.encoder_final_norm)
+    def encoder_output(self, verbs, x):
+        return x if self.encoder_final_norm is None else self._normalized(verbs, x, self.encoder_final_norm)
 
-    def cross_kv_graph(self, graph, encoded: str) -> str:
-        return graph.matmul(encoded, self.cross_kv, self.cross_kv_bias)
+    def cross_keys_values(self, verbs, encoded):
+        return verbs.matmul(encoded, self.cross_kv, self.cross_kv_bias)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
 from pipeline.decoding.engines import int8
 from pipeline.decoding.engines.cache_rows import grown, padded_ids, resized, span_of
+from pipeline.decoding.engines.torch_verbs import TORCH, EncoderAttention, TorchVerbs, clamp_half  # noqa: F401 (clamp_half: the families')
 
 
 class NativeWeights(ABC):
@@ -63,9 +64,27 @@ class NativeWeights(ABC):
             return int8.Int8Matrix(weight)
         return Matrix(weight, self.dtype)
 
-    @abstractmethod
+    def step_weights(self) -> int:
+        """How many weights a decoder step multiplies by (every decoder layer's matrices and the head):
+        what it reads from memory each step."""
+        matrices = [value for layer in self.decoder_layers for value in vars(layer).values()
+                    if isinstance(value, (Matrix, int8.Int8Matrix))]
+        return sum(matrix.shape[0] * matrix.shape[1] for matrix in [*matrices, self.head])
+
+    @torch.inference_mode()
     def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """The encoder's output [J, S, d] for right-padded ``input_ids`` [J, S]."""
+        """The encoder's output [J, S, d] for right-padded ``input_ids`` [J, S]: the family's encoder
+        layers run in torch."""
+        rows, width = input_ids.shape
+        x = self.source_embedding(input_ids).view(rows * width, -1)
+        mask = self.source_bias(width)  # [1, H, S, S] or None
+        padding = key_padding_mask(lengths, width, self.dtype, self.device)  # padded keys are never attended
+        if padding is not None:
+            mask = padding if mask is None else mask + padding  # [J, H or 1, S, S]
+        verbs = EncoderAttention(rows, width, self.encoder_heads, mask)
+        for index in range(len(self.encoder_layers)):
+            x = self.encoder_layer(verbs, x, index)
+        return self.encoder_output(verbs, x).view(rows, width, -1)
 
     @abstractmethod
     def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -76,10 +95,6 @@ class NativeWeights(ABC):
         return None
 
     @abstractmethod
-    def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
-        """Every decoder layer's cross-attention keys and values: [J, S, d] -> [J, S, layers, 2, H, dk]."""
-
-    @abstractmethod
     def self_mask(self, capacity: int) -> torch.Tensor:
         """[H or 1, C, C]: what query position i adds to key position j's score (-inf for j > i)."""
 
@@ -88,38 +103,31 @@ class NativeWeights(ABC):
         """The decoder's input [R * W, d] for tokens [R, W] at absolute positions [R, W] (written into
         ``out`` where given)."""
 
-    @abstractmethod
-    def decoder_layer(self, x: torch.Tensor, index: int, attend: "Attention") -> torch.Tensor:
-        """One decoder layer over x [N, d]; ``attend`` does its self- and cross-attention."""
+    # The family's layers, each written once against verbs (torch_verbs.py): run in torch by the
+    # native engine (``verbs`` a TorchVerbs, x a tensor), added to an ONNX graph by the onnx engine
+    # (``verbs`` an onnx_graph.StepGraph or EncoderGraph, x the name of a value).
 
     @abstractmethod
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def decoder_layer(self, verbs, x, index: int):
+        """Decoder layer ``index`` over x [N, d] (in a graph [A, W, d]); ``verbs`` does its self- and
+        cross-attention too."""
+
+    @abstractmethod
+    def logits(self, verbs, hidden):
         """[n, d] hidden states after the last layer -> [n, V]."""
 
-    # The same two pieces as an ONNX graph, for the onnx engine (onnx_engine.py): ``graph`` is an
-    # onnx_graph.StepGraph, ``x`` and ``hidden`` the names of its values.
+    @abstractmethod
+    def encoder_layer(self, verbs, x, index: int):
+        """Encoder layer ``index`` over x [J * S, d] (in a graph [A, S, d])."""
 
     @abstractmethod
-    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
-        """``decoder_layer`` in ``graph``: x [A, W, d] -> [A, W, d]."""
-
-    @abstractmethod
-    def logits_graph(self, graph, hidden: str) -> str:
-        """``logits`` in ``graph``: [n, d] -> [n, V]."""
-
-    # And the admission, for the onnx engine's admission graph (an onnx_graph.EncoderGraph).
-
-    @abstractmethod
-    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
-        """Encoder layer ``index`` in ``graph``: x [A, S, d] -> [A, S, d]."""
-
-    @abstractmethod
-    def encoder_output_graph(self, graph, x: str) -> str:
+    def encoder_output(self, verbs, x):
         """The encoder's output from its last layer's (its final norm, where it has one)."""
 
     @abstractmethod
-    def cross_kv_graph(self, graph, encoded: str) -> str:
-        """``cross_keys_values`` in ``graph``: [A, S, d] -> [A, S, layers * 2 * H * dk]."""
+    def cross_keys_values(self, verbs, encoded):
+        """Every decoder layer's cross-attention keys and values from one product:
+        [N, d] -> [N, layers * 2 * H * dk] (in a graph [A, S, d] -> [A, S, ...])."""
 
 
 class Matrix:
@@ -174,16 +182,6 @@ def _onednn_packed(weight: torch.Tensor):
         return torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), 8)
     except (AttributeError, RuntimeError):
         return None
-
-
-def clamp_half(x: torch.Tensor) -> torch.Tensor:
-    """Hugging Face clamps float16 activations that overflowed (inf -> finite); so does this, the
-    same way (a tensor bound: no host sync on a GPU). Other dtypes pass through."""
-    if x.dtype != torch.float16:
-        return x
-    largest = torch.finfo(torch.float16).max
-    limit = torch.where(torch.isinf(x).any(), largest - 1000, largest).to(x.dtype)
-    return torch.clamp(x, min=-limit, max=limit)
 
 
 def key_padding_mask(lengths: list[int], width: int, dtype: torch.dtype,
@@ -245,7 +243,9 @@ class NativeEngine(Engine):
             encoded = self.weights.encode(padded_ids(input_ids, max(lengths)).to(self.device), lengths)
         width = encoded.shape[1]
         self._reserve_sources(width)
-        kv = self.weights.cross_keys_values(encoded)  # [J, S, layers, 2, H, dk]
+        w = self.weights
+        kv = w.cross_keys_values(TORCH, encoded.reshape(len(slots) * width, -1))
+        kv = kv.view(len(slots), width, w.layer_count, 2, w.heads, w.d_kv)  # [J, S, layers, 2, H, dk]
         index = torch.tensor(slots, device=self.device)
         self.cross[:, :, index, :, :width] = kv.permute(2, 3, 0, 4, 1, 5)  # [layers, 2, J, H, S, dk]
         for slot, length in zip(slots, lengths):
@@ -265,9 +265,9 @@ class NativeEngine(Engine):
         x = w.embed(feed.tokens.to(self.device), positions)  # [N, d]
         attend = self._one_row(feed) if rows == 1 else self._many_rows(feed, positions, keys)
         for index in range(w.layer_count):
-            x = w.decoder_layer(x, index, attend)
+            x = w.decoder_layer(attend, x, index)
         hidden, index = read_positions(x, feed)
-        return place_logits(w.logits(hidden), index, feed)
+        return place_logits(w.logits(TORCH, hidden), index, feed)
 
     def _one_row(self, feed: Feed) -> "Attention":
         slot, position, width = feed.slots[0], feed.positions[0], feed.width
@@ -314,8 +314,9 @@ class NativeEngine(Engine):
 
 
 @dataclass
-class Attention:
-    """Where one forward pass's rows live in the engine's cache, worked out once for all layers.
+class Attention(TorchVerbs):
+    """Where one forward pass's rows live in the engine's cache, worked out once for all layers, and
+    the verbs of a decoder layer over them (its self- and cross-attention read and write there).
 
     Attention runs over A rows of the cache: the R fed rows, or (``place``) the span of slots they
     occupy, idle slots included; ``place`` says where each fed row sits in that span.
@@ -343,7 +344,7 @@ class Attention:
         return attended if self.place is None else attended[self.place]
 
     def self_attention(self, layer: int, hidden: torch.Tensor, weight: Matrix,
-                       bias: torch.Tensor | None = None) -> torch.Tensor:
+                       bias: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
         """Causal self-attention of the fed positions: hidden [N, d] @ weight [d, 3 * inner] (+ bias)
         gives their q, k, v, which go into the cache (straight from the matmul for one row) -> [N, inner]."""
         cache = self.engine.qkv[layer]  # [slots, C, 3, H, dk]
@@ -359,10 +360,10 @@ class Attention:
         seen = cache[self.rows, : self.keys, 1:]  # [A, keys, 2, H, dk]: a view, or a gather of k and v
         attended = F.scaled_dot_product_attention(
             self._spread(query).transpose(1, 2), seen[:, :, 0].transpose(1, 2), seen[:, :, 1].transpose(1, 2),
-            attn_mask=self.self_mask, scale=self.engine.weights.attention_scale)
+            attn_mask=self.self_mask, scale=scale)
         return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)
 
-    def cross_attention(self, layer: int, query: torch.Tensor) -> torch.Tensor:
+    def cross_attention(self, layer: int, query: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """Attention over the rows' encoder outputs; query [N, inner] -> [N, inner]."""
         w = self.engine.weights
         width = self.self_mask.shape[2]
@@ -370,5 +371,5 @@ class Attention:
         query = query.view(rows, width, w.heads, w.d_kv).transpose(1, 2)
         keys, values = self.cross_rows[layer]
         attended = F.scaled_dot_product_attention(self._spread(query), keys, values, attn_mask=self.cross_mask,
-                                                  scale=w.attention_scale)
+                                                  scale=scale)
         return self._fed(attended).transpose(1, 2).reshape(rows * width, -1)

@@ -4,9 +4,9 @@ or, from KERNEL_FROM_SLOTS slots on, as onnxruntime calls between which our own 
 On a CPU a decode step of a small model is a chain of one-row matrix products and a couple of
 hundred small ops; onnxruntime runs the chain with MLAS (float32, or int8 with ``models.quantize:
 int8``) and the small ops without Python between them (onnx_graph.py builds the graph from the
-family's ``decoder_layer_graph``). Admission is a second graph, the encoder and every decoder
-layer's cross-attention projections (``encoder_layer_graph``), run once per group of newcomers,
-in int8 too; the embeddings and the cache bookkeeping stay in torch, with the native engine's
+family's ``decoder_layer``, the one the native engine runs). Admission is a second graph, the encoder
+and every decoder layer's cross-attention projections (``encoder_layer``), run once per group of
+newcomers, in int8 too; the embeddings and the cache bookkeeping stay in torch, with the native engine's
 weights (native.py).
 
 The cache is the engine's own torch tensors, handed to onnxruntime without a copy, one input per
@@ -40,6 +40,13 @@ from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 # engine, never per call, so that every call of a run computes a row alike: bild and speculative stay
 # `large`'s tokens at each batch size.
 ROWS_KERNEL_FROM_SLOTS = 16
+# ... and at any number of slots for a model whose step multiplies by this many weights or more: its
+# step is bound by reading them, which both kernels do alike, and the integer product makes a
+# k-token verification cost little more than one step. One thread, AVX-512 VNNI machine, step at
+# batch 1 (k = 1) and a verification of 11 tokens, rows over blocks: T5-large shapes (358M weights
+# a step) 0.98x and 0.45x; T5-base (104M) 0.99x and 0.50x; T5-small (25M) 1.29x and 0.51x; the demo's
+# `large` (9M) 1.17x and 0.74x (docs/bench-t5-inflated/verify_kernels.md).
+ROWS_KERNEL_FROM_WEIGHTS = 64_000_000
 # Our attention kernel (attention_kernel.py: decode_attention.c between onnxruntime segments) instead of
 # onnxruntime's attention ops from this many slots on. Demo pair, int8, tokens/s of the kernel over
 # onnxruntime's ops, order alternating per round, two runs: `large` 0.92x / 1.03x at 1 slot, 1.05x / 1.21x
@@ -62,8 +69,8 @@ class OnnxEngine(Engine):
 
     def __init__(self, weights: NativeWeights, sessions: OnnxSessions, slots: int, int8_kernel: str | None = None,
                  attention: str | None = None):
-        """``int8_kernel``: onnx_graph's kernel for int8 products (None: by ``slots``, as
-        ROWS_KERNEL_FROM_SLOTS says). ``attention``: "kernel" (decode_attention.c between onnxruntime
+        """``int8_kernel``: onnx_graph's kernel for int8 products (None: by ``slots`` and the model's
+        size, as ROWS_KERNEL_FROM_SLOTS and ROWS_KERNEL_FROM_WEIGHTS say). ``attention``: "kernel" (decode_attention.c between onnxruntime
         segments: onnx_segments.py) or "onnxruntime" (its attention ops, the step one call); None:
         the kernel from KERNEL_FROM_SLOTS slots on where it builds."""
         assert weights.device.type == "cpu" and weights.dtype == torch.float32, \
@@ -71,7 +78,8 @@ class OnnxEngine(Engine):
         super().__init__(slots, weights.device)
         self.weights, self.sessions = weights, sessions
         if int8_kernel is None:
-            int8_kernel = "rows" if slots >= ROWS_KERNEL_FROM_SLOTS else "blocks"
+            weight_bound = weights.step_weights() >= ROWS_KERNEL_FROM_WEIGHTS
+            int8_kernel = "rows" if slots >= ROWS_KERNEL_FROM_SLOTS or weight_bound else "blocks"
         self.int8_kernel = int8_kernel  # (float32: unused)
         if attention is None:
             attention = "kernel" if slots >= KERNEL_FROM_SLOTS and attention_kernel.kernel() else "onnxruntime"

@@ -8,8 +8,9 @@ onnxruntime runs without Python in between.
 
 ``LayerGraph`` has one method per verb of a layer (a matrix product, a norm, an activation, a
 residual sum), ``StepGraph`` adds a decoder layer's self- and cross-attention and ``EncoderGraph`` an
-encoder layer's attention; a model family writes its layers with them (``decoder_layer_graph`` and
-``encoder_layer_graph`` in t5_engine.py and bart_engine.py), mirroring its torch layers line by line.
+encoder layer's attention. A model family writes each layer once with these verbs (``decoder_layer``
+and ``encoder_layer`` in t5_engine.py and bart_engine.py); torch_verbs.py has the same verbs in
+torch, for the native engine.
 
 Attention is onnxruntime's: GroupQueryAttention for the causal self-attention (it writes the fed
 keys and values into the layer's cache in place and attends to each row's own length only),
@@ -186,6 +187,10 @@ class LayerGraph:
                           domain=MICROSOFT)
         product = self.op("Mul", product, row_max)
         return product if bias is None else self.op("Add", product, bias)
+
+    def residual(self, x: str, output: str, matrix, bias=None) -> str:
+        """x + output @ W (+ bias): a sub-layer's last product added to the residual stream."""
+        return self.add(x, self.matmul(output, matrix, bias))
 
     def add(self, a: str, b: str) -> str:
         """a + b (a norm of the sum fuses with it: ``_normalized``)."""

@@ -105,8 +105,8 @@ class OnnxSessions:
                                  attention=attention)
         hidden = "hidden"
         for index in range(w.layer_count):
-            hidden = w.decoder_layer_graph(graph, hidden, index)
-        return graph, w.logits_graph(graph, graph.read(hidden))
+            hidden = w.decoder_layer(graph, hidden, index)
+        return graph, w.logits(graph, graph.read(hidden))
 
     def admission(self, projections_only: bool = False, int8_kernel: str = "blocks"):
         """The admission of new rows; ``int8_kernel`` as ``step``'s."""
@@ -120,7 +120,7 @@ class OnnxSessions:
             encoded = "encoded" if projections_only else "hidden"
             if not projections_only:
                 for index in range(len(w.encoder_layers)):
-                    encoded = w.encoder_layer_graph(graph, encoded, index)
-                encoded = w.encoder_output_graph(graph, encoded)
-            self._sessions[key] = _session(graph, graph.model(encoded, w.cross_kv_graph(graph, encoded)))
+                    encoded = w.encoder_layer(graph, encoded, index)
+                encoded = w.encoder_output(graph, encoded)
+            self._sessions[key] = _session(graph, graph.model(encoded, w.cross_keys_values(graph, encoded)))
         return self._sessions[key]

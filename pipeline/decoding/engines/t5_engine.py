@@ -4,7 +4,8 @@
 the engine): q, k and v fused into one matrix; each RMSNorm's weight folded into the matrix that
 follows it (exact: (x * w) @ W == x @ (diag(w) W)); the final norm and, with tied embeddings, the
 d^-0.5 rescaling folded into the output head; the relative position bias of each capacity one
-table [H, C, C] with the causal mask folded in, computed once, not per layer.
+table [H, C, C] with the causal mask folded in, computed once, not per layer. Its layers are
+written once, against verbs (torch_verbs.py), for the native engine and the onnx engine's graphs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from pipeline.decoding.engines.native import Attention, Matrix, NativeWeights, clamp_half
+from pipeline.decoding.engines.native import Matrix, NativeWeights
 
 SUPPORTED = {"T5ForConditionalGeneration": "t5", "MT5ForConditionalGeneration": "mt5"}
 
@@ -65,7 +66,6 @@ class T5Weights(NativeWeights):
         self.eps = config.layer_norm_epsilon
         self.gated = bool(config.is_gated_act)
         self.act_name = config.dense_act_fn
-        self.act = ACT2FN[self.act_name]
 
         def matrix(*linears, norm=None) -> Matrix:
             weight = torch.cat([linear.weight.float() for linear in linears])  # [out, in]
@@ -110,24 +110,7 @@ class T5Weights(NativeWeights):
             head = head * self.d_model**-0.5
         self.head = self.layer_matrix(head)  # [d, V]
 
-    # --- pieces of the forward pass ---------------------------------------------------------------
-
-    def norm(self, x: torch.Tensor) -> torch.Tensor:
-        """T5's RMSNorm without its weight (folded into the next matrix); half precision is normalized
-        in float32, as Hugging Face's T5 does."""
-        if x.dtype in (torch.float16, torch.bfloat16):
-            return F.rms_norm(x.float(), (self.d_model,), eps=self.eps).to(x.dtype)
-        return F.rms_norm(x, (self.d_model,), eps=self.eps)
-
-    def feed_forward(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        """x + FF(norm(x)). x: [N, d]"""
-        hidden = layer.ff_in.product(self.norm(x))
-        if self.gated:
-            gate, linear = hidden.chunk(2, dim=-1)
-            hidden = self.act(gate) * linear
-        else:
-            hidden = self.act(hidden)
-        return clamp_half(layer.ff_out.addmm(x, hidden))
+    # --- torch-only pieces (the onnx engine runs them in torch too) --------------------------------
 
     def bias_table(self, capacity: int, causal: bool) -> torch.Tensor:
         """[H, C, C]: the relative position bias of query i and key j (and -inf for j > i if causal)."""
@@ -143,34 +126,12 @@ class T5Weights(NativeWeights):
             table = table.masked_fill(relative[None] > 0, float("-inf"))
         return table.contiguous()
 
-    # --- NativeWeights ----------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def encode(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        rows, width = input_ids.shape
-        x = self.source_embedding(input_ids).view(rows * width, -1)
-        bias = self.source_bias(width)
-        if min(lengths) < width:  # padded keys are never attended
-            padding = torch.arange(width, device=self.device)[None, :] >= torch.tensor(lengths, device=self.device)[:, None]
-            bias = bias.masked_fill(padding[:, None, None, :], float("-inf"))  # [J, H, S, S]
-        for layer in self.encoder_layers:
-            qkv = layer.qkv.product(self.norm(x)).view(rows, width, 3, self.heads, self.d_kv).transpose(1, 3)  # [J, H, 3, S, dk]
-            attended = F.scaled_dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn_mask=bias, scale=1.0)
-            x = clamp_half(layer.out.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1)))
-            x = self.feed_forward(x, layer)
-        return (self.norm(x) * self.encoder_final_norm).view(rows, width, -1)
-
     def source_embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.encoder_embedding)
 
     def source_bias(self, width: int) -> torch.Tensor:
         """[1, H, S, S]: the encoder's relative position bias."""
         return self.bias_table(width, causal=False)[None]
-
-    def cross_keys_values(self, encoded: torch.Tensor) -> torch.Tensor:
-        rows, width, _ = encoded.shape
-        return self.cross_kv.product(encoded.reshape(rows * width, -1)).view(rows, width, self.layer_count, 2, self.heads,
-                                                                         self.d_kv)
 
     def self_mask(self, capacity: int) -> torch.Tensor:
         return self.bias_table(capacity, causal=True)
@@ -179,37 +140,32 @@ class T5Weights(NativeWeights):
         # (relative positions: in the mask)
         return torch.index_select(self.decoder_embedding, 0, tokens.reshape(-1), out=out)
 
-    def decoder_layer(self, x: torch.Tensor, index: int, attend: Attention) -> torch.Tensor:
-        layer = self.decoder_layers[index]
-        x = clamp_half(layer.out.addmm(x, attend.self_attention(index, self.norm(x), layer.qkv)))
-        x = clamp_half(layer.cross_out.addmm(x, attend.cross_attention(index, layer.cross_q.product(self.norm(x)))))
-        return self.feed_forward(x, layer)
+    # --- the layers, written once (torch_verbs.py: run in torch, or added to an ONNX graph) -------
+    # Every norm's weight is folded into the matrix after it, so a norm here is the bare RMSNorm.
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head.product(self.norm(hidden))
+    def _feed_forward(self, verbs, x, layer: _Layer):
+        """x + FF(norm(x))."""
+        hidden = verbs.matmul(verbs.rms_norm(x, self.eps), layer.ff_in)
+        hidden = verbs.gated(hidden, self.act_name) if self.gated else verbs.activation(hidden, self.act_name)
+        return verbs.residual(x, hidden, layer.ff_out)
 
-    def _feed_forward_graph(self, graph, x: str, layer: _Layer) -> str:
-        hidden = graph.matmul(graph.rms_norm(x, self.eps), layer.ff_in)
-        hidden = graph.gated(hidden, self.act_name) if self.gated else graph.activation(hidden, self.act_name)
-        return graph.add(x, graph.matmul(hidden, layer.ff_out))
-
-    def decoder_layer_graph(self, graph, x: str, index: int) -> str:
+    def decoder_layer(self, verbs, x, index: int):
         layer, eps = self.decoder_layers[index], self.eps
-        x = graph.add(x, graph.matmul(graph.self_attention(index, graph.rms_norm(x, eps), layer.qkv), layer.out))
-        query = graph.matmul(graph.rms_norm(x, eps), layer.cross_q)
-        x = graph.add(x, graph.matmul(graph.cross_attention(index, query), layer.cross_out))
-        return self._feed_forward_graph(graph, x, layer)
+        x = verbs.residual(x, verbs.self_attention(index, verbs.rms_norm(x, eps), layer.qkv), layer.out)
+        query = verbs.matmul(verbs.rms_norm(x, eps), layer.cross_q)
+        x = verbs.residual(x, verbs.cross_attention(index, query), layer.cross_out)
+        return self._feed_forward(verbs, x, layer)
 
-    def logits_graph(self, graph, hidden: str) -> str:
-        return graph.matmul(graph.rms_norm(hidden, self.eps), self.head)
+    def logits(self, verbs, hidden):
+        return verbs.matmul(verbs.rms_norm(hidden, self.eps), self.head)
 
-    def encoder_layer_graph(self, graph, x: str, index: int) -> str:
+    def encoder_layer(self, verbs, x, index: int):
         layer = self.encoder_layers[index]
-        x = graph.add(x, graph.matmul(graph.self_attention(graph.rms_norm(x, self.eps), layer.qkv), layer.out))
-        return self._feed_forward_graph(graph, x, layer)
+        x = verbs.residual(x, verbs.self_attention(verbs.rms_norm(x, self.eps), layer.qkv), layer.out)
+        return self._feed_forward(verbs, x, layer)
 
-    def encoder_output_graph(self, graph, x: str) -> str:
-        return graph.rms_norm(x, self.eps, self.encoder_final_norm)
+    def encoder_output(self, verbs, x):
+        return verbs.rms_norm(x, self.eps, self.encoder_final_norm)
 
-    def cross_kv_graph(self, graph, encoded: str) -> str:
-        return graph.matmul(encoded, self.cross_kv)
+    def cross_keys_values(self, verbs, encoded):
+        return verbs.matmul(encoded, self.cross_kv)
