@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from support.pairs import tiny_pair
 
 
 @pytest.fixture(scope="session")
 def make_pair():
+    # Imported here, not at the top: pytest-xdist's controller loads this file too, and torch and
+    # transformers take it ~6 s that every run of the suite would wait for.
+    from support.pairs import tiny_pair
+
     return tiny_pair
 
 

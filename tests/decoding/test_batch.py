@@ -16,12 +16,9 @@ from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import length_groups
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, _Row, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
+from support.families import FAMILIES, families, slow_unless
 from support.pairs import TEXTS, tiny_pair
 
-FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
-# make test-fast decodes every configuration on one model of each engine path (native T5, native
-# BART, Hugging Face's decoder-only); make test on all five families.
-FAST_FAMILIES = ("t5", "bart", "gpt2")
 MAX_NEW = 24
 # Inputs of different lengths (so rows finish at different times and others join).
 INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ball und lachen laut.",
@@ -41,7 +38,7 @@ def alone(pair, config, texts, seeds=None):
     return [generator.generate_one(text, seed=seed) for text, seed in zip(texts, seeds)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", families())
 @pytest.mark.parametrize("small_kind, seed", [("independent", 0), ("noisy", 1)])
 def test_batched_greedy_bild_without_rollback_threshold_is_each_rows_large_greedy_output(family, small_kind, seed):
     pair = tiny_pair(family, small_kind, seed)
@@ -75,9 +72,12 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("family", [family if family in FAST_FAMILIES else pytest.param(family, marks=pytest.mark.slow)
-                                    for family in FAMILIES])
-@pytest.mark.parametrize("name", list(CONFIGS))
+# make test-fast: every config on T5 (native) and GPT-2 (Hugging Face, decoder-only), a greedy and a
+# sampled one on BART (Hugging Face, encoder-decoder); make test: every config on all five families.
+@pytest.mark.parametrize("name, family", slow_unless(
+    [(name, family) for family in FAMILIES for name in CONFIGS],
+    fast=[(name, family) for family in ("t5", "gpt2") for name in CONFIGS]
+    + [("bild", "bart"), ("speculative_sampling", "bart")]))
 def test_a_row_in_a_batch_decodes_exactly_as_alone(family, name):
     pair = tiny_pair(family, "noisy", 0)
     config = DecodingConfig(max_new_tokens=MAX_NEW, **CONFIGS[name])
@@ -187,9 +187,12 @@ def test_an_engine_admits_newcomers_in_length_groups_and_returns_their_states_in
 BATCHED_SAMPLES = 4000
 
 
-@pytest.mark.parametrize("family", ["gpt2", "t5"])
-@pytest.mark.parametrize("variant", ["fixed", "residual_is_p", *(pytest.param(v, marks=pytest.mark.slow)
-                                                                  for v in ("fallback", "small_only"))])
+# make test-fast: the sampler on both families and one negative control (on T5); make test: all of them.
+@pytest.mark.parametrize("variant, family", [
+    ("fixed", "gpt2"), ("fixed", "t5"), ("residual_is_p", "t5"),
+    *(pytest.param(variant, family, marks=pytest.mark.slow)
+      for variant, family in [("residual_is_p", "gpt2"), ("fallback", "gpt2"), ("fallback", "t5"),
+                              ("small_only", "gpt2"), ("small_only", "t5")])])
 def test_batched_speculative_sampling_preserves_the_large_models_distribution(variant, family, monkeypatch):
     """Batches of 64 rows: four tokens from windows of up to three drafts follow pL(t1..t4) (pooled
     chi-square), and the bonus tokens after a first window accepted whole follow pL(t4 | t1..t3).

@@ -18,6 +18,7 @@ from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
+from support.families import slow_unless
 from support.pairs import tiny_pair
 from test_batch import INPUTS, MAX_NEW, requests_for
 
@@ -44,14 +45,22 @@ def run(pair, config, size, draft_length=None):
     return scheduler.run(requests_for(pair, INPUTS * (2 if size == 32 else 1)))
 
 
-@pytest.mark.parametrize("family", ["t5", "gpt2", pytest.param("bart", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("config", [dict(method="bild", rollback_threshold=0.0, fallback_threshold=0.5),
-                                    dict(method="speculative"),
-                                    dict(method="speculative", draft_window="fallback", fallback_threshold=0.5)],
-                         ids=["bild_rb0", "speculative", "speculative_fallback_window"])
-def test_any_windows_keep_the_large_models_greedy_tokens(family, config):
+WINDOW_CONFIGS = {"bild_rb0": dict(method="bild", rollback_threshold=0.0, fallback_threshold=0.5),
+                  "speculative": dict(method="speculative"),
+                  "speculative_fallback_window": dict(method="speculative", draft_window="fallback",
+                                                      fallback_threshold=0.5)}
+
+
+# make test-fast: every config on T5, and GPT-2's engine under the one scheduler once; make test: every
+# config on T5, GPT-2 and BART.
+WINDOW_CASES = slow_unless([(name, family) for family in ("t5", "gpt2", "bart") for name in WINDOW_CONFIGS],
+                           fast=[(name, "t5") for name in WINDOW_CONFIGS] + [("speculative", "gpt2")])
+
+
+@pytest.mark.parametrize("name, family", WINDOW_CASES)
+def test_any_windows_keep_the_large_models_greedy_tokens(name, family):
     pair = tiny_pair(family, "noisy", 0)
-    config = DecodingConfig(max_new_tokens=MAX_NEW, max_draft_tokens=10, **config)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, max_draft_tokens=10, **WINDOW_CONFIGS[name])
     for size in (1, 3, 8, 32):
         expected = run(pair, DecodingConfig(method="large", max_new_tokens=MAX_NEW), size)
         scripted = ScriptedWindows(config.max_draft_tokens)
@@ -78,8 +87,9 @@ def test_a_window_of_zero_is_a_plain_large_step_and_is_counted():
         assert s.plain_steps == s.large_calls == s.large_tokens == s.output_tokens
 
 
-@pytest.mark.parametrize("family", ["gpt2", "t5"])
-@pytest.mark.parametrize("variant", ["fixed", "residual_is_p"])
+# The negative control once in make test-fast (on T5), on both families in make test.
+@pytest.mark.parametrize("variant, family", [("fixed", "gpt2"), ("fixed", "t5"), ("residual_is_p", "t5"),
+                                             pytest.param("residual_is_p", "gpt2", marks=pytest.mark.slow)])
 def test_speculative_sampling_with_any_windows_keeps_the_large_models_distribution(variant, family, monkeypatch):
     """The first round drafts three (so bonus runs are tested), later rounds 0 to 3 drafts."""
     if variant in RESIDUALS:
@@ -157,17 +167,23 @@ def step_by_step(self, rows, enough):
     return 1
 
 
-@pytest.mark.parametrize("engine_family", [("auto", "t5"), ("auto", "gpt2"), ("onnx", "t5"),
-                                           pytest.param(("auto", "bart"), marks=pytest.mark.slow)],
-                         ids=lambda value: "-".join(value))
-@pytest.mark.parametrize("config", [dict(method="bild", fallback_threshold=0.5, rollback_threshold=1.0),
-                                    dict(method="speculative", max_draft_tokens=3),
-                                    dict(method="speculative", draft_window="fallback", fallback_threshold=0.5)],
-                         ids=["bild", "speculative", "speculative_fallback_window"])
-def test_the_one_call_drafter_changes_no_token_and_no_counter(engine_family, config, monkeypatch):
-    engine, family = engine_family
+DRAFTER_CONFIGS = {"bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=1.0),
+                   "speculative": dict(method="speculative", max_draft_tokens=3),
+                   "speculative_fallback_window": dict(method="speculative", draft_window="fallback",
+                                                       fallback_threshold=0.5)}
+# Engine.draft over each engine's forward: on the native and onnx T5 engines under every config in make
+# test-fast, on Hugging Face's (GPT-2, BART) under one config there and under every config in make test.
+DRAFTER_CASES = slow_unless(
+    [(name, engine, family) for engine, family in [("auto", "t5"), ("onnx", "t5"), ("auto", "gpt2"), ("auto", "bart")]
+     for name in DRAFTER_CONFIGS],
+    fast=[(name, engine, "t5") for name in DRAFTER_CONFIGS for engine in ("auto", "onnx")]
+    + [("speculative", "auto", "gpt2")])
+
+
+@pytest.mark.parametrize("name, engine, family", DRAFTER_CASES)
+def test_the_one_call_drafter_changes_no_token_and_no_counter(name, engine, family, monkeypatch):
     pair = tiny_pair(family, "noisy", 0, engine=engine)
-    config = DecodingConfig(max_new_tokens=MAX_NEW, **config)
+    config = DecodingConfig(max_new_tokens=MAX_NEW, **DRAFTER_CONFIGS[name])
     for size, share in [(1, 1.0), (8, 1.0), (8, 0.5)]:
         one_call = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
         with monkeypatch.context() as patched:

@@ -17,10 +17,10 @@ from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import Engine
 from pipeline.decoding.sampling import RowSampler
 from pipeline.decoding.engines.t5_engine import T5Weights
+from support.families import FAMILIES, families
 from support.pairs import TEXTS, tiny_pair
 from support.reference import next_token_logits, reference_bild
 
-FAMILIES = ["t5", "bart", "marian", "gpt2", "llama"]
 MAX_NEW = 32
 TIE = 1e-5
 
@@ -56,7 +56,7 @@ GRIDS = {"pairwise": PAIRWISE,
          "rest": [setting for setting in itertools.product(VARIANTS, THRESHOLDS, WINDOWS) if setting not in PAIRWISE]}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", families())
 @pytest.mark.parametrize("small_kind", ["independent", "noisy"])
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # make test-fast: seed 0
 @pytest.mark.parametrize("grid", ["pairwise", pytest.param("rest", marks=pytest.mark.slow)])
@@ -111,7 +111,7 @@ def test_large_loop_matches_hugging_face_generate(family):
         assert ours.token_ids == hf
 
 
-@pytest.mark.parametrize("family", ["t5", "marian", "gpt2", "llama"])
+@pytest.mark.parametrize("family", families(["t5", "marian", "gpt2", "llama"]))
 @pytest.mark.parametrize("rollback_threshold", [pytest.param(0.5, marks=pytest.mark.slow), 2.0,
                                                 pytest.param(4.0, marks=pytest.mark.slow)])
 def test_cached_bild_matches_the_cache_free_reference(family, rollback_threshold):
@@ -209,12 +209,13 @@ def test_sampling_is_deterministic_for_a_seed(family, method):
     pair = tiny_pair(family, "noisy", 0)
     config = DecodingConfig(method=method, do_sample=True, temperature=1.5, top_p=0.95, max_new_tokens=MAX_NEW)
     generator = Generator(pair, config)
-    first = [r.token_ids for r in generator.generate(TEXTS, seeds=[7] * len(TEXTS))]
+    results = generator.generate(TEXTS, seeds=[7] * len(TEXTS))
+    first = [r.token_ids for r in results]
     again = [r.token_ids for r in generator.generate(TEXTS, seeds=[7] * len(TEXTS))]
     other = [r.token_ids for r in generator.generate(TEXTS, seeds=[8] * len(TEXTS))]
     assert first == again
     assert first != other  # the seed matters: sampling really samples
-    for result in generator.generate(TEXTS):
+    for result in results:
         s = result.stats
         assert s.small_tokens + s.large_tokens == s.output_tokens == len(result.token_ids)
 
