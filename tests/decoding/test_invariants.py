@@ -17,7 +17,7 @@ from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.engine import Engine
 from pipeline.decoding.sampling import RowSampler
 from pipeline.decoding.engines.t5_engine import T5Weights
-from support.families import FAMILIES, families
+from support.families import families
 from support.pairs import TEXTS, tiny_pair
 from support.reference import next_token_logits, reference_bild
 
@@ -95,7 +95,7 @@ def test_greedy_bild_and_speculative_are_lossless(family, small_kind, seed, grid
         assert totals["small_tokens"] > 0, totals
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", families())
 def test_large_loop_matches_hugging_face_generate(family):
     """Our plain loop is the reference above, so check it against transformers' own greedy search."""
     pair = tiny_pair(family, "independent", 0)
