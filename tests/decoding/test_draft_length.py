@@ -14,7 +14,7 @@ import itertools
 import pytest
 
 import pipeline.decoding.policies as policies_module
-from pipeline.decoding import DecodingConfig, Generator
+from pipeline.decoding import DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from pipeline.decoding.engine import Engine, Feed, place_logits, read_positions
 from pipeline.decoding.engines import int8
 from pipeline.decoding.engines.cache_rows import grown, padded_ids, resized, span_of
-from pipeline.decoding.engines.torch_verbs import TORCH, EncoderAttention, TorchVerbs, clamp_half  # noqa: F401 (clamp_half: the families')
+from pipeline.decoding.engines.torch_verbs import TORCH, EncoderAttention, TorchVerbs
 
 
 class NativeWeights(ABC):

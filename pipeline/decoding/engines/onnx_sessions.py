@@ -14,7 +14,6 @@ MISSING = "models.engine onnx needs onnxruntime and onnx: pip install onnxruntim
 PROTOBUF_LIMIT = 1 << 30  # weights up to 1 GiB travel inside the serialized graph, larger ones in a file
 
 
-
 def unsupported_reason(head_size: int) -> str | None:
     """Why the onnx engine cannot run a model with heads this wide, or None when it can."""
     if head_size % 8:
