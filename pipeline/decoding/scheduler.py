@@ -15,12 +15,9 @@ Each round either
 The large model is called when at least ``verify_share`` of the active rows wait (always when
 none is left drafting). A row drafts and is verified exactly as it would be alone, so its
 tokens and statistics do not depend on the rows that share its batch (DESIGN.md §1, §2).
-Finished rows leave at once and queued records take their slots (continuous batching).
-Plain ``large``/``small`` decoding batches the same way: every active row advances one token
-per forward pass.
-
-The models are reached only through engines (engine.py): ``forward`` feeds each row the tokens
-its engine has not cached yet and returns the logits this round reads.
+Finished rows leave at once and queued records take their slots (continuous batching). Plain
+``large``/``small`` decoding batches the same way: every active row advances one token per pass.
+The models are reached only through engines (engine.py).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
@@ -59,6 +57,8 @@ class _Row:
     draft_logits: list[torch.Tensor] = field(default_factory=list)  # the small model's logits per draft (cascade)
     waiting: bool = False
     ended_on_eos: bool = False
+    drafter_admitted: bool = False  # the small engine holds this row (it joins on its first draft)
+    encoded: torch.Tensor | None = None  # its encoder states [S, d] until then, where the small model shares them
     budget: int = 0  # the most tokens this record may generate (DecodingConfig.budget of its input)
 
     def produced(self) -> int:
@@ -112,6 +112,7 @@ class Scheduler:
         buffer_length = max(len(self.prefix_for(r.input_ids)) + self.config.budget(len(r.input_ids))
                             for r in requests) + 1
         self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
+        self.requests = requests
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
         outputs: list[DecodeOutput | None] = [None] * len(requests)
@@ -153,13 +154,29 @@ class Scheduler:
 
     def _admit(self, rows: list[_Row], requests: Sequence[BatchRequest]) -> None:
         """Newcomers take their slots; encoder-decoder engines run the encoder once for all of them
-        (once for both models when they share it)."""
+        (once for both models when they share it). A drafting method's small model takes a row when it
+        first drafts (``_admit_drafters``): rows that only ever take plain steps (a window of 0) never
+        pay its encoder or cross-attention projections."""
         slots = [row.slot for row in rows]
         inputs = [requests[row.request].input_ids for row in rows]
-        encoded = None
-        for engine in (self.large, self.small):
-            if engine is not None:
-                encoded = engine.admit(slots, inputs, encoded if self.shares_encoder else None)
+        if self.large is None:  # plain small decoding
+            return self._admit_drafters(rows)
+        encoded = self.large.admit(slots, inputs)
+        if self.small is not None and self.shares_encoder:
+            for row, states, ids in zip(rows, encoded, inputs):
+                row.encoded = states[: len(ids)]
+
+    def _admit_drafters(self, rows: list[_Row]) -> None:
+        """The small engine takes the rows it does not hold yet, before their first draft; its next
+        feed brings each up to the row's kept tokens."""
+        joining = [row for row in rows if not row.drafter_admitted]
+        if not joining:
+            return
+        encoded = pad_sequence([row.encoded for row in joining], batch_first=True) if self.shares_encoder else None
+        inputs = [self.requests[row.request].input_ids for row in joining]
+        self.small.admit([row.slot for row in joining], inputs, encoded)
+        for row in joining:
+            row.drafter_admitted, row.encoded = True, None
 
     def _feed(self, engine: Engine, rows: list[_Row], reads: list[int]) -> Feed:
         """Each row's tokens that ``engine`` has not cached yet: from its cached length up to the
@@ -167,12 +184,14 @@ class Scheduler:
         slots = [row.slot for row in rows]
         positions = [engine.lengths[slot] for slot in slots]
         counts = [row.length + row.drafts - position for row, position in zip(rows, positions)]
-        if len(rows) == 1:
-            tokens = self.sequence[slots[0] : slots[0] + 1, positions[0] : positions[0] + counts[0]]
-        else:
-            columns = torch.tensor(positions)[:, None] + torch.arange(max(counts))[None, :]
-            tokens = self.sequence[torch.tensor(slots)[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]
-        return Feed(slots, tokens, positions, counts, reads)
+        return Feed(slots, self._tokens(slots, positions, max(counts)), positions, counts, reads)
+
+    def _tokens(self, slots: list[int], starts: list[int], width: int) -> torch.Tensor:
+        """Each slot's ``width`` buffered tokens from its start (a view for one row). [R, width]"""
+        if len(slots) == 1:
+            return self.sequence[slots[0] : slots[0] + 1, starts[0] : starts[0] + width]
+        columns = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
+        return self.sequence[torch.tensor(slots)[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]
 
     # --- plain decoding with one model ----------------------------------------------------------
 
@@ -199,9 +218,10 @@ class Scheduler:
         waiting = [row for row in active if row.waiting]
         drafting = [row for row in active if not row.waiting]
         if waiting and (not drafting or len(waiting) >= self.policy.verify_share * len(active)):
-            return self._verify(waiting)
+            return [row for group in self._verify_groups(waiting) for row in self._verify_group(group)]
         started = time.perf_counter()
         enough = max(1, math.ceil(self.policy.verify_share * len(active)) - len(waiting))
+        self._admit_drafters(drafting)
         steps = self._draft(drafting, enough)
         if self.draft_length is not None:
             self.draft_length.drafted(len(drafting), time.perf_counter() - started, steps)
@@ -220,9 +240,6 @@ class Scheduler:
                 row.waiting = True
                 row.stats.plain_steps += 1
 
-    def _window(self, row: _Row) -> int:
-        return row.window
-
     def _draft(self, rows: list[_Row], enough: int) -> int:
         """The drafting rows draft until ``enough`` of them stop (DESIGN.md §1, step 1): greedy rows in one
         engine call (Engine.draft), sampled and cascade rows one step per round (their q and the row's own
@@ -230,7 +247,7 @@ class Scheduler:
         if self.config.do_sample or self.config.method == "cascade":
             self._draft_step(rows)
             return 1
-        rule = DraftRule(windows=[self._window(row) - row.drafts for row in rows],
+        rule = DraftRule(windows=[row.window - row.drafts for row in rows],
                          fallback_threshold=self.config.fallback_threshold if self.use_fallback else None,
                          eos_ids=self.eos_ids, enough=enough)
         drafted = self.small.draft(self._feed(self.small, rows, [1] * len(rows)), rule)
@@ -275,20 +292,12 @@ class Scheduler:
                 row.draft_logits.append(logits[i])
             if tokens[i] in self.eos_ids:
                 row.ended_on_eos = row.waiting = True
-            elif row.drafts >= self._window(row):
+            elif row.drafts >= row.window:
                 row.waiting = True
 
-    def _verify(self, rows: list[_Row]) -> list[_Row]:
-        """Verify the waiting rows: one large-model pass, or several when rows with short and
-        long pending tails are better padded apart (by the measured cost of a call, see CallCost)."""
-        finished = []
-        for group in self._verify_groups(rows):
-            finished.extend(self._verify_group(group))
-        return finished
-
     def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
-        """The waiting rows in the groups of least padding when a pass costs ``overhead`` positions
-        (engine.padding_groups), by the large model's measured call cost."""
+        """The waiting rows in the groups verified together: one large-model pass, or several where rows with
+        short and long pending tails are better padded apart (engine.padding_groups, by the measured call cost)."""
         if len(rows) < 2:
             return [rows]
         overhead = self.large.call_cost.overhead_in_positions()
@@ -307,10 +316,9 @@ class Scheduler:
         logits = self.large.forward(feed)  # [R, K+1, V]
         width = max(counts)
         if width == 0 and not config.do_sample:  # no drafts (a fallback at once, or a window of 0): the large
-            # model's own choice, as the method's policy takes it (BiLD's argmax of p), without the policy's ops
+            # model's greedy token, as a plain large step takes it (the argmax of p is the argmax of its logits)
             accepted, rejected, deferred = [0] * len(rows), [False] * len(rows), None
-            scores = self._probs(logits[:, 0]) if config.method == "bild" else logits[:, 0]
-            next_token = greedy(scores).tolist()
+            next_token = greedy(logits[:, 0]).tolist()
         else:
             accepted, rejected, next_token, deferred = self._verdict(rows, counts, width, logits)
         finished = []
@@ -346,13 +354,8 @@ class Scheduler:
 
     def _verdict(self, rows: list[_Row], counts: list[int], width: int, logits: torch.Tensor) -> tuple[list, ...]:
         """The policy's verdict on these rows' drafts as lists: (accepted, rejected, next token, deferred or None)."""
-        if len(rows) == 1:
-            row = rows[0]
-            drafts = self.sequence[row.slot : row.slot + 1, row.length : row.length + width]  # [1, K]
-        else:
-            columns = torch.tensor([row.length for row in rows])[:, None] + torch.arange(width)[None, :]
-            slots = torch.tensor([row.slot for row in rows])
-            drafts = self.sequence[slots[:, None], columns.clamp(max=self.sequence.shape[1] - 1)]  # [R, K]
+        drafts = self._tokens([row.slot for row in rows], [row.length for row in rows], width)  # [R, K]
+        if len(rows) > 1:  # zeros past each row's own drafts
             drafts = torch.where(torch.arange(width)[None, :] < torch.tensor(counts)[:, None], drafts, 0)
         verdict = self._judge(rows, drafts, torch.tensor(counts), logits)
         deferred = verdict.deferred.tolist() if verdict.deferred is not None else None
@@ -373,8 +376,6 @@ class Scheduler:
         """Each row's own choice: argmax, or a sample from the row's own random stream. [R, V] -> [R]"""
         if not self.config.do_sample:
             return greedy(probs)
-        if not rows:
-            return probs.new_zeros((0,), dtype=torch.long)
         return choose(probs, True, RowSampler([row.sampler.generators[0] for row in rows]))
 
 
@@ -385,12 +386,8 @@ def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Schedule
     return Scheduler(
         pair.engine("small", policy.batch_size) if config.method != "large" else None,
         pair.engine("large", policy.batch_size) if config.method != "small" else None,
-        config,
-        policy,
-        pair.eos_token_ids,
-        pair.decoder_prefix,
-        device=pair.device,
-        shares_encoder=pair.shares_encoder,
+        config, policy, pair.eos_token_ids, pair.decoder_prefix,
+        device=pair.device, shares_encoder=pair.shares_encoder,
         draft_length=pair.draft_length(config, policy.batch_size) if drafting else None,
     )
 

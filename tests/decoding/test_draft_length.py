@@ -80,7 +80,10 @@ def test_any_windows_keep_the_large_models_greedy_tokens(name, family):
 def test_a_window_of_zero_is_a_plain_large_step_and_is_counted():
     pair = tiny_pair("t5", "noisy", 0)
     config = DecodingConfig(method="bild", rollback_threshold=0.0, max_new_tokens=MAX_NEW)
+    small = pair.engine("small", 3)
+    admitted_before = small.admit_seconds
     outputs = run(pair, config, 3, ScriptedWindows(10, windows=(0,)))
+    assert small.admit_seconds == admitted_before  # rows join the small engine on their first draft only
     for out in outputs:
         s = out.stats
         assert s.small_calls == s.small_tokens == s.draft_tokens == 0
