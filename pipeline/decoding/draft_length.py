@@ -19,6 +19,19 @@ small-model calls and verifies ``B (1 + sum_{i<=k} (1 - (1 - c^i)^B))`` position
 ``sum c^i``). Both models' times come from CallCost fits of whole rounds (scheduler Python included).
 Until both fits hold, the configured window is used (it is how the fits learn).
 
+The model picks the best window k > 0; whether to draft at all is then settled by measurement, not by the
+model: fits of rounds miss what a round costs outside its two calls (the loop, rows joining), and a linear fit
+of verifications misprices a one-position step. Rounds run in *epochs* of ``EPOCH_SECONDS`` each, drafting
+(window k) or plain (window 0), and an epoch's tokens per second is measured over its whole wall time,
+everything between its rounds included (epochs of so many rounds would not do: a drafting round makes
+several tokens, a plain one one, so trying the other arm one epoch in 8 would spend a third of the time).
+A drafting epoch next to a plain one while the batch is as full (*full*: at least half its slots busy;
+else *draining*) gives one sample of their ratio: neighbours share the machine's phase (a shared CPU's
+speed drifts by a quarter over seconds), as the benchmarks' interleaved repetitions do. The arms alternate
+for the first samples; then the arm the samples put ahead is played, and the other is tried again now and
+then, the further behind the more rarely, so that trying costs about ``EXPLORE_GAP / EXPLORE_EVERY`` of the
+time whatever the gap.
+
 Whatever the window, every invariant holds: greedy speculative and BiLD with alpha_RB = 0 return the
 large model's tokens, sampling keeps its distribution. Only lossy settings (BiLD's rollback threshold,
 a cascade, lenience) and a sampled row's random draws depend on the windows chosen, and so on measured
@@ -27,6 +40,11 @@ speed: so it is asked for (``decoding.adaptive_draft: true``), and the configure
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from pipeline.decoding.engine import CallCost
 
 
@@ -34,17 +52,51 @@ from pipeline.decoding.engine import CallCost
 # noisy whole rounds, and a misjudged window costs more than a missed one (demo pair, batch 32: windows of 1
 # predicted 1-5% ahead ran behind plain steps).
 MARGIN = 1.05
-# The choice is worked out anew every this many rounds (or when the batch changes size): it costs ~0.1 ms of
-# Python, a fiftieth of a demo `large` step, and the rates it reads move slowly.
-CHOOSE_EVERY = 8
+# The choice is worked out anew every this many seconds of rounds (an epoch; or when the batch turns from full
+# to draining): it costs ~0.1 ms of Python, and an epoch is long enough that rows joining (~0.3 ms each on the
+# demo pair) fall into every epoch alike, and short enough that neighbouring epochs share the machine's phase.
+EPOCH_SECONDS = 0.05
+# The arms alternate until this many ratios are measured; then the arm behind is tried again every
+# EXPLORE_EVERY epochs while it is within EXPLORE_GAP, more rarely the further behind it is.
+FIRST_RATIOS = 3
+EXPLORE_EVERY = 8
+EXPLORE_GAP = 0.1
+# The ratio weighs its last samples most (each earlier one this much less).
+DECAY = 0.9
+
+
+@dataclass
+class PairedRatio:
+    """log(drafting tokens/s / plain tokens/s) over pairs of neighbouring epochs, recent pairs weighing most."""
+
+    total: float = 0.0
+    weight: float = 0.0
+    samples: int = 0
+
+    def add(self, log_ratio: float) -> None:
+        self.total = DECAY * self.total + log_ratio
+        self.weight = DECAY * self.weight + 1.0
+        self.samples += 1
+
+    @property
+    def log_gain(self) -> float:
+        return self.total / self.weight if self.weight else 0.0
 
 
 class DraftLength:
     """Chooses each round's window in [0, ``most``] from measured costs and the running acceptance."""
 
-    def __init__(self, most: int, min_calls: int = 16):
+    def __init__(self, most: int, slots: int = 1, min_calls: int = 16, clock: Callable[[], float] = time.perf_counter):
         self.most = most
-        self._last = (0, 0, most)  # (rows, rounds left, window) of the last choice
+        self.slots = slots  # the batch's rows at most
+        self.clock = clock
+        self._window = most  # the current epoch's window
+        self._epoch: tuple[bool, bool, float, int] | None = None  # (batch full, drafting, started, tokens then)
+        self._previous: tuple[bool, bool, float] | None = None  # the last epoch: (batch full, drafting, tokens/s)
+        self._last_arm: dict[bool, bool] = {}  # batch full -> whether its last epoch drafted
+        self.ratios: dict[bool, PairedRatio] = {}  # batch full -> drafting's measured gain over plain steps
+        self.epochs = 0  # epochs decided by measurement
+        self.made = 0  # tokens the verifications made
         self.small_cost = CallCost(min_calls)  # a drafting round: seconds over rows drafting
         self.large_cost = CallCost(min_calls)  # a verification: seconds over positions computed
         self.small_calls = 0
@@ -59,10 +111,13 @@ class DraftLength:
         when sampling, a whole window in one engine call when greedy)."""
         self.small_cost.add(rows, seconds / steps)
 
-    def verified(self, positions: int, seconds: float, calls: int, drafts: int, kept: int, rejections: int) -> None:
+    def verified(self, positions: int, seconds: float, calls: int, drafts: int, kept: int, rejections: int,
+                 made: int = 0) -> None:
         """A verification computed ``positions`` in ``seconds``; its rows had made ``calls`` small-model
-        calls for ``drafts`` drafts, of which ``kept`` were kept and ``rejections`` rows dropped one."""
+        calls for ``drafts`` drafts, of which ``kept`` were kept and ``rejections`` rows dropped one; the
+        rows gained ``made`` tokens."""
         self.large_cost.add(positions, seconds)
+        self.made += made
         self.small_calls += calls
         self.drafts += drafts
         self.kept += kept
@@ -71,21 +126,60 @@ class DraftLength:
     # --- the choice ------------------------------------------------------------------------------
 
     def choose(self, rows: int) -> int:
-        """The window for a round of ``rows`` rows: ``most`` until the costs are known, then the k in
-        [0, most] with the most expected tokens per second."""
-        last_rows, left, window = self._last
-        if rows == last_rows and left > 0:
-            self._last = (rows, left - 1, window)
-            return window
-        small = self.small_cost.predict(rows)
-        if small is None or self.large_cost.predict(rows) is None or not self.small_calls:
-            return self.most
+        """The window for a round of ``rows`` rows: ``most`` until the costs are known, then, epoch by
+        epoch, the model's best k > 0 or 0, as the measured rates say."""
+        full = 2 * rows > self.slots  # at least half the slots busy (else draining)
+        if self._epoch is not None and self._epoch[0] == full and self.clock() - self._epoch[2] < EPOCH_SECONDS:
+            return self._window
+        self._close_epoch()
+        self._window = self._epoch_window(rows)
+        self._epoch = (full, self._window > 0, self.clock(), self.made)
+        return self._window
+
+    def modelled(self, rows: int) -> int:
+        """The model's window: the k in [0, most] with the most expected tokens per second, 0 unless
+        drafting is expected to beat plain steps by MARGIN (costs must be known)."""
         rates = [self.tokens_per_second(k, rows) for k in range(self.most + 1)]
         window = max(range(self.most + 1), key=rates.__getitem__)
-        if rates[window] < MARGIN * rates[0]:
-            window = 0
-        self._last = (rows, CHOOSE_EVERY - 1, window)
-        return window
+        return window if rates[window] >= MARGIN * rates[0] else 0
+
+    def _epoch_window(self, rows: int) -> int:
+        if self.small_cost.predict(rows) is None or self.large_cost.predict(rows) is None or not self.small_calls:
+            return self.most
+        modelled = self.modelled(rows)
+        drafting_window = modelled or max(range(1, self.most + 1), key=lambda k: self.tokens_per_second(k, rows))
+        full = 2 * rows > self.slots
+        ratio = self.ratios.get(full, PairedRatio())
+        if ratio.samples < FIRST_RATIOS:  # alternate, the model's arm first
+            play_drafting = not self._last_arm[full] if full in self._last_arm else bool(modelled)
+        else:
+            drafting_ahead = ratio.log_gain >= 0
+            self.epochs += 1
+            behind = math.expm1(min(abs(ratio.log_gain), 10.0))  # how far the other arm is behind (capped)
+            every = round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
+            play_drafting = drafting_ahead != (self.epochs % every == 0)
+        self._last_arm[full] = play_drafting
+        return drafting_window if play_drafting else 0
+
+    def pause(self) -> None:
+        """The scheduler stops (its requests are done): the epoch ends here, and the next one, after
+        whatever the machine does meanwhile, is not paired with it."""
+        self._close_epoch()
+        self._previous = None
+
+    def _close_epoch(self) -> None:
+        """The epoch that ends now: its tokens per second over its whole wall time, and with the one before
+        it, where that played the other arm with the batch as full, a sample of their ratio."""
+        if self._epoch is None:
+            return
+        full, drafting, started, made = self._epoch
+        seconds, tokens = self.clock() - started, self.made - made
+        rate = tokens / seconds if seconds > 0 and tokens > 0 else None
+        previous, self._epoch = self._previous, None
+        self._previous = (full, drafting, rate) if rate is not None else None
+        if rate is not None and previous is not None and previous[:2] == (full, not drafting):
+            drafting_rate, plain_rate = (rate, previous[2]) if drafting else (previous[2], rate)
+            self.ratios.setdefault(full, PairedRatio()).add(math.log(drafting_rate / plain_rate))
 
     def tokens_per_second(self, k: int, rows: int) -> float:
         """Expected tokens per second of rounds with window ``k`` over ``rows`` rows (costs must be known)."""
@@ -100,3 +194,4 @@ class DraftLength:
         positions = rows * (1.0 + sum(longest_reaches(i) for i in range(1, k + 1)))
         seconds = small_calls * self.small_cost.predict(rows) + self.large_cost.predict(positions)
         return rows * tokens / seconds if seconds > 0 else 0.0
+

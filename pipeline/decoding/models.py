@@ -179,7 +179,7 @@ class ModelPair:
         calls, so that what it measured on one batch of records (or one record, at batch 1) serves the next."""
         key = (config, slots)
         if key not in self._draft_lengths:
-            self._draft_lengths[key] = DraftLength(config.max_draft_tokens)
+            self._draft_lengths[key] = DraftLength(config.max_draft_tokens, slots)
         return self._draft_lengths[key]
 
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:

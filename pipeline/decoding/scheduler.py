@@ -98,7 +98,7 @@ class Scheduler:
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
         if draft_length is None and config.method in DRAFTING_METHODS and config.adaptive_draft:
-            draft_length = DraftLength(config.max_draft_tokens)
+            draft_length = DraftLength(config.max_draft_tokens, policy.batch_size)
         self.draft_length = draft_length
 
     # --- the outer loop -------------------------------------------------------------------------
@@ -139,6 +139,8 @@ class Scheduler:
                 for engine in (self.small, self.large):
                     if engine is not None:
                         engine.release(row.slot)
+        if self.draft_length is not None:
+            self.draft_length.pause()
         return outputs
 
     def _new_row(self, index: int, slot: int, requests: Sequence[BatchRequest]) -> _Row:
@@ -311,7 +313,7 @@ class Scheduler:
         """One large-model pass over the pending drafts of these rows (DESIGN.md §1, step 2)."""
         config = self.config
         started = time.perf_counter()
-        counts = [row.drafts for row in rows]
+        counts, kept_before = [row.drafts for row in rows], sum(row.length for row in rows)
         feed = self._feed(self.large, rows, [count + 1 for count in counts])
         logits = self.large.forward(feed)  # [R, K+1, V]
         width = max(counts)
@@ -349,7 +351,8 @@ class Scheduler:
         if self.draft_length is not None:
             self.draft_length.verified(len(rows) * feed.width, time.perf_counter() - started,
                                        calls=sum(calls), drafts=sum(counts), kept=sum(accepted),
-                                       rejections=sum(int(flag) for flag in rejected))
+                                       rejections=sum(int(flag) for flag in rejected),
+                                       made=sum(row.length for row in rows) - kept_before)
         return finished
 
     def _verdict(self, rows: list[_Row], counts: list[int], width: int, logits: torch.Tensor) -> tuple[list, ...]:

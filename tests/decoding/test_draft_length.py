@@ -10,12 +10,13 @@ costs. The one-call drafter changes no token and no counter of the step-by-step 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
 import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig
-from pipeline.decoding.draft_length import DraftLength
+from pipeline.decoding.draft_length import EXPLORE_EVERY, EXPLORE_GAP, FIRST_RATIOS, DraftLength
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
 from support.families import slow_unless
@@ -106,10 +107,10 @@ def test_speculative_sampling_with_any_windows_keeps_the_large_models_distributi
 # --- the measured choice ------------------------------------------------------------------------------
 
 
-def measured(small_seconds, large_seconds, kept_share=0.9, draft_share=0.95, most=10, rows=1):
+def measured(small_seconds, large_seconds, kept_share=0.9, draft_share=0.95, most=10, rows=1, clock=None):
     """A DraftLength that has seen 20 drafting steps and 20 verifications of 1..10 positions per row
     at the given costs (seconds per call of ``rows`` rows, and of ``positions``)."""
-    chooser = DraftLength(most)
+    chooser = DraftLength(most) if clock is None else DraftLength(most, clock=clock)
     for call in range(20):
         chooser.drafted(rows, small_seconds(rows))
         positions = rows * (1 + call % 10)
@@ -159,6 +160,71 @@ def test_a_batch_is_priced_at_its_longest_row():
 def test_poor_acceptance_turns_drafting_off():
     chooser = measured(lambda rows: 0.0025, lambda positions: 0.024 + 0.001 * positions, kept_share=0.05)
     assert chooser.choose(1) == 0
+
+
+class Clock:
+    """A clock the test moves: each round takes what the test says."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+GPU_LIKE = dict(small_seconds=lambda rows: 0.0025, large_seconds=lambda positions: 0.024 + 0.001 * positions)
+COMPUTE_BOUND = dict(small_seconds=lambda rows: 0.0004 * rows, large_seconds=lambda p: 0.0001 + 0.0008 * p, rows=32)
+
+
+def play(costs: dict, rows: int, epochs: int, drafting_speedup: float, machine_speed=lambda now: 1.0) -> list[int]:
+    """The windows of ``epochs`` epochs when the model's fits are ``costs`` but a round that drafts in fact
+    makes its tokens ``drafting_speedup`` times as fast as a plain one (what the fits miss), on a machine
+    whose speed moves with the time as ``machine_speed`` says. A token takes a millisecond."""
+    clock = Clock()
+    chooser = measured(**costs, clock=clock)
+    chosen = []
+    decide = chooser._epoch_window
+    chooser._epoch_window = lambda rows: (chosen.append(decide(rows)), chosen[-1])[1]  # one window per epoch
+    while len(chosen) < epochs:
+        window = chooser.choose(rows)
+        made = rows * (1 + window // 2)
+        clock.now += made * 0.001 / (drafting_speedup if window else 1.0) / machine_speed(clock.now)
+        chooser.made += made
+    return chosen
+
+
+def drafting_share(epochs: list[int]) -> float:
+    """The share of epochs (all alike in length) that drafted, after the first 20."""
+    return sum(1 for window in epochs[20:] if window > 0) / len(epochs[20:])
+
+
+def test_measured_rates_overrule_the_model_and_the_arm_behind_is_still_tried():
+    """The model expects drafting to pay, but drafting epochs run at 0.9x plain ones: after a few epochs
+    of each, plain steps; drafting is tried again about one epoch in EXPLORE_EVERY."""
+    epochs = play(GPU_LIKE, rows=1, epochs=200, drafting_speedup=0.9)
+    assert [window > 0 for window in epochs[: FIRST_RATIOS + 1]] == [i % 2 == 0 for i in range(FIRST_RATIOS + 1)]
+    assert 0.5 / EXPLORE_EVERY < drafting_share(epochs) < 2 / EXPLORE_EVERY
+
+
+def test_drafting_is_kept_where_it_measures_faster_though_the_model_says_no():
+    epochs = play(COMPUTE_BOUND, rows=32, epochs=200, drafting_speedup=1.3)
+    assert epochs[0] == 0 and epochs[1] > 0  # the arms alternate, the model's first
+    assert drafting_share(epochs) > 1 - 2 / EXPLORE_EVERY
+
+
+def test_the_choice_holds_while_the_machine_speeds_up_and_slows_down():
+    """A shared CPU's speed drifts (here by up to 2x over a few dozen epochs): drafting 10% ahead still
+    wins, because each sample compares neighbouring epochs."""
+    drift = lambda now: 1.5 + 0.5 * math.sin(now / 0.5)  # noqa: E731
+    epochs = play(GPU_LIKE, rows=1, epochs=400, drafting_speedup=1.1, machine_speed=drift)
+    assert drafting_share(epochs) > 1 - 2 / EXPLORE_EVERY
+
+
+def test_an_arm_far_behind_is_tried_rarely():
+    """Trying an arm 3x behind every EXPLORE_EVERY epochs would cost 25% of the time; it is tried so rarely
+    that trying costs about as much as trying an arm just EXPLORE_GAP behind."""
+    epochs = play(GPU_LIKE, rows=1, epochs=400, drafting_speedup=1 / 3)
+    assert 0 < drafting_share(epochs) < 2 * EXPLORE_GAP / (2 * EXPLORE_EVERY)
 
 
 # --- the one-call drafter ---------------------------------------------------------------------------
