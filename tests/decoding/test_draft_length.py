@@ -108,9 +108,9 @@ def test_speculative_sampling_with_any_windows_keeps_the_large_models_distributi
 
 
 def measured(small_seconds, large_seconds, kept_share=0.9, draft_share=0.95, most=10, rows=1, clock=None):
-    """A DraftLength that has seen 20 drafting steps and 20 verifications of 1..10 positions per row
-    at the given costs (seconds per call of ``rows`` rows, and of ``positions``)."""
-    chooser = DraftLength(most) if clock is None else DraftLength(most, clock=clock)
+    """A DraftLength for batches of ``rows`` that has seen 20 drafting steps and 20 verifications of 1..10
+    positions per row at the given costs (seconds per call of ``rows`` rows, and of ``positions``)."""
+    chooser = DraftLength(most, rows) if clock is None else DraftLength(most, rows, clock=clock)
     for call in range(20):
         chooser.drafted(rows, small_seconds(rows))
         positions = rows * (1 + call % 10)
@@ -218,6 +218,20 @@ def test_the_choice_holds_while_the_machine_speeds_up_and_slows_down():
     drift = lambda now: 1.5 + 0.5 * math.sin(now / 0.5)  # noqa: E731
     epochs = play(GPU_LIKE, rows=1, epochs=400, drafting_speedup=1.1, machine_speed=drift)
     assert drafting_share(epochs) > 1 - 2 / EXPLORE_EVERY
+
+
+def test_a_draining_batch_goes_by_what_the_full_batch_measured():
+    """The model expects drafting to pay; measured with 8 of 8 rows busy it ran at 0.7x. When the batch drains
+    (rows finish, no records left to join), its first epoch plays plain steps instead of the model's arm."""
+    clock = Clock()
+    chooser = measured(**GPU_LIKE, rows=8, clock=clock)
+    assert chooser.modelled(2) > 0
+    while chooser.ratios.get(True) is None or chooser.ratios[True].samples < FIRST_RATIOS:
+        window = chooser.choose(8)
+        clock.now += 0.001 * (1 + window // 2) / (0.7 if window else 1.0)
+        chooser.made += 1 + window // 2
+    clock.now += 1.0  # the full batch's epoch ends
+    assert chooser.choose(2) == 0
 
 
 def test_an_arm_far_behind_is_tried_rarely():
