@@ -32,7 +32,7 @@ from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
 from pipeline.metrics.quality import signatures
 
 DRAFTING = ("bild", "speculative")
-COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
+COLUMNS = ["cell", "tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b", "paired_vs_large",
            "ratio_vs_ct2_large_same_b", "ratio_vs_ct2_large_int8_same_b", "large_calls", "large_padding_share",
            "bleu", "identical_to_b1", "identical_to_ours", "time_split"]
 
@@ -163,6 +163,7 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         same_large = [c for c in cells if c.method == "large" and c.batch_size == cell.batch_size]
         if same_large:
             row["ratio_vs_large_same_b"] = row["tokens_per_s"] / rate(same_large[0])
+            row["paired_vs_large"] = paired_ratio(cell, same_large[0])
         if cell.large_computed:
             row["large_calls"] = cell.large_calls
             row["large_padding_share"] = 1 - cell.large_fed / cell.large_computed
@@ -176,6 +177,17 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
     if references:
         report["bleu_signature"] = signatures("translation")["bleu"]
     return report
+
+
+def paired_ratio(cell: Cell, yardstick: Cell) -> float | None:
+    """The median over repetitions of the cell's tokens/s over the yardstick's in the same repetition: on a
+    machine whose speed drifts between repetitions, a steadier figure than the ratio of the two medians
+    (each repetition runs every cell back to back). None unless both ran every repetition."""
+    if len(cell.seconds) != len(yardstick.seconds) or not cell.seconds:
+        return None
+    tokens, yardstick_tokens = sum(len(t) for t in cell.tokens), sum(len(t) for t in yardstick.tokens)
+    return statistics.median(tokens / own * theirs / yardstick_tokens
+                             for own, theirs in zip(cell.seconds, yardstick.seconds))
 
 
 def _cell(value) -> str:

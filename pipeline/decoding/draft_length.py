@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pipeline.decoding.engine import CallCost
 
 
-# Drafting is chosen only where the model expects it to beat plain steps by this factor: its fits are of
-# noisy whole rounds, and a misjudged window costs more than a missed one (demo pair, batch 32: windows of 1
-# predicted 1-5% ahead ran behind plain steps).
+# The model's own window (``modelled``: the arm played first, before anything is measured) drafts only where
+# it expects to beat plain steps by this factor: its fits are of noisy whole rounds (demo pair, batch 32:
+# windows of 1 predicted 1-5% ahead ran behind plain steps).
 MARGIN = 1.05
 # The choice is worked out anew every this many seconds of rounds (an epoch; or when the batch turns from full
 # to draining): it costs ~0.1 ms of Python, and an epoch is long enough that rows joining (~0.3 ms each on the
@@ -84,7 +84,9 @@ class PairedRatio:
 
 
 class DraftLength:
-    """Chooses each round's window in [0, ``most``] from measured costs and the running acceptance."""
+    """Chooses each round's window in [0, ``most``]: k from measured costs and the running acceptance, and
+    whether to draft at all from the measured rates of epochs that did and did not (``slots``: the batch's
+    rows at most; ``clock``: the time, a test's own where given)."""
 
     def __init__(self, most: int, slots: int = 1, min_calls: int = 16, clock: Callable[[], float] = time.perf_counter):
         self.most = most

@@ -96,7 +96,8 @@ class Scheduler:
         self.prefix_for = prefix_for
         self.device = torch.device(device)
         self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
-        self.shares_encoder = shares_encoder  # the small model's encoder is the large one's
+        # The small model's encoder is the large one's (which only matters where both run).
+        self.shares_encoder = shares_encoder and None not in (small, large)
         if draft_length is None and config.method in DRAFTING_METHODS and config.adaptive_draft:
             draft_length = DraftLength(config.max_draft_tokens, policy.batch_size)
         self.draft_length = draft_length
@@ -147,9 +148,7 @@ class Scheduler:
         prefix = self.prefix_for(requests[index].input_ids)
         self.sequence[slot].zero_()
         self.sequence[slot, : len(prefix)] = prefix
-        sampler = None
-        if self.config.do_sample:
-            sampler = RowSampler.seeded([requests[index].seed], device=self.device)
+        sampler = RowSampler.seeded([requests[index].seed], device=self.device) if self.config.do_sample else None
         return _Row(request=index, slot=slot, start=len(prefix), length=len(prefix),
                     joined=time.perf_counter(), sampler=sampler,
                     budget=self.config.budget(len(requests[index].input_ids)))

@@ -118,5 +118,8 @@ def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass(engine, mo
     alone = Generator(apart, config).generate(TEXTS)
     assert [r.token_ids for r in shared] == [r.token_ids for r in alone] == [r.token_ids for r in batched]
     assert [r.stats for r in shared] == [r.stats for r in alone]
+    small_only = DecodingConfig(method="small", max_new_tokens=16)  # no large model runs to share its encoder
+    assert [r.token_ids for r in Generator(pair, small_only).generate(TEXTS, batch=BatchPolicy(3))] == \
+        [r.token_ids for r in Generator(apart, small_only).generate(TEXTS, batch=BatchPolicy(3))]
     for hook in hooks:
         hook.remove()

@@ -68,6 +68,21 @@ def assert_ratios_follow_the_rates(cells: dict) -> None:
                 assert key not in row, (name, key)
 
 
+def test_the_paired_ratio_is_the_median_of_each_repetitions_own_ratio():
+    """A machine that slows down between repetitions moves both cells of a repetition alike: the paired
+    ratio follows each repetition (2, 0.8, 4/3: median 4/3), the ratio of the medians does not (2 / 2.5)."""
+    from pipeline.bench.batch import Cell, summarize
+
+    tokens = [[1] * 6, [2] * 4]
+    cells = [Cell("large", 1, seconds=[1.0, 2.0, 4.0], tokens=tokens),
+             Cell("bild", 1, seconds=[0.5, 2.5, 3.0], tokens=tokens)]
+    report = summarize(tiny_pair("t5", "noisy"), cells, None, DecodingConfig(method="bild"), inputs=2, repeats=3)
+    rows = {row["cell"]: row for row in report["rows"]}
+    assert rows["bild B=1"]["ratio_vs_large_same_b"] == pytest.approx(0.8)
+    assert rows["bild B=1"]["paired_vs_large"] == pytest.approx(4 / 3)
+    assert rows["large B=1"]["paired_vs_large"] == pytest.approx(1.0)
+
+
 def test_speed_ratios_are_computed_from_the_timings():
     """summarize_methods on hand-made timings: each ratio is the yardstick's total time over the method's."""
     pair = tiny_pair("t5", "noisy")
