@@ -97,7 +97,7 @@ class DraftLength:
         self._previous: tuple[bool, bool, float] | None = None  # the last epoch: (batch full, drafting, tokens/s)
         self._last_arm: dict[bool, bool] = {}  # batch full -> whether its last epoch drafted
         self.ratios: dict[bool, PairedRatio] = {}  # batch full -> drafting's measured gain over plain steps
-        self.epochs = 0  # epochs decided by measurement
+        self.untried = 0  # epochs decided by measurement since the arm behind was last tried
         self.made = 0  # tokens the verifications made
         self.small_cost = CallCost(min_calls)  # a drafting round: seconds over rows drafting
         self.large_cost = CallCost(min_calls)  # a verification: seconds over positions computed
@@ -158,10 +158,12 @@ class DraftLength:
             play_drafting = not self._last_arm[full] if full in self._last_arm else bool(modelled)
         else:
             drafting_ahead = ratio.log_gain >= 0
-            self.epochs += 1
             behind = math.expm1(min(abs(ratio.log_gain), 10.0))  # how far the other arm is behind (capped)
-            every = round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
-            play_drafting = drafting_ahead != (self.epochs % every == 0)
+            # Counted from the last try (not epochs % every: the gap, and so `every`, moves with each sample)
+            self.untried += 1
+            try_behind = self.untried >= round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
+            self.untried = 0 if try_behind else self.untried
+            play_drafting = drafting_ahead != try_behind
         self._last_arm[full] = play_drafting
         return drafting_window if play_drafting else 0
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 
 import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig
-from pipeline.decoding.draft_length import EXPLORE_EVERY, EXPLORE_GAP, FIRST_RATIOS, DraftLength
+from pipeline.decoding.draft_length import EPOCH_SECONDS, EXPLORE_EVERY, EXPLORE_GAP, FIRST_RATIOS, DraftLength
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
 from support.families import slow_unless
@@ -239,6 +240,19 @@ def test_an_arm_far_behind_is_tried_rarely():
     that trying costs about as much as trying an arm just EXPLORE_GAP behind."""
     epochs = play(GPU_LIKE, rows=1, epochs=400, drafting_speedup=1 / 3)
     assert 0 < drafting_share(epochs) < 2 * EXPLORE_GAP / (2 * EXPLORE_EVERY)
+
+
+def test_the_arm_behind_is_tried_at_most_once_in_explore_every_epochs_while_its_gap_moves():
+    """On a machine whose speed jumps from epoch to epoch by up to 30% each way, each paired sample moves the
+    measured gap, and with it how rarely the arm behind is tried: tries still come EXPLORE_EVERY epochs apart
+    or more (counted from the last try; counting epochs modulo a moving period tried twice within 2 epochs)."""
+    rng = random.Random(3)
+    speeds: dict[int, float] = {}
+    jumpy = lambda now: speeds.setdefault(int(now / EPOCH_SECONDS), 0.7 + 0.6 * rng.random())  # noqa: E731
+    epochs = play(GPU_LIKE, rows=1, epochs=600, drafting_speedup=0.8, machine_speed=jumpy)
+    tried = [i for i, window in enumerate(epochs) if window > 0 and i >= 20]
+    assert len(tried) > 5
+    assert min(later - earlier for earlier, later in zip(tried, tried[1:])) >= EXPLORE_EVERY
 
 
 # --- the one-call drafter ---------------------------------------------------------------------------
