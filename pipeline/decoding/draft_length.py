@@ -153,7 +153,7 @@ class DraftLength:
         full = 2 * rows > self.slots
         ratio = self.ratios.get(full, PairedRatio())
         if ratio.samples < FIRST_RATIOS and self.ratios.get(not full, ratio).samples >= FIRST_RATIOS:
-            ratio = self.ratios[not full]  # a batch's short draining tail goes by the full batch's samples
+            ratio = self.ratios[not full]  # e.g. a batch's short draining tail goes by the full batch's samples
         if ratio.samples < FIRST_RATIOS:  # alternate, the model's arm first
             play_drafting = not self._last_arm[full] if full in self._last_arm else bool(modelled)
         else:
