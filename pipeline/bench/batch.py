@@ -55,6 +55,11 @@ class Cell:
         share = f" share={self.verify_share}" if self.verify_share is not None else ""
         return f"{self.method} {size}{share}"
 
+    @property
+    def output_tokens(self) -> int:
+        """Tokens the last repetition made (each repetition decodes the same inputs)."""
+        return sum(len(t) for t in self.tokens)
+
 
 def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
     """One cell per (method, batch size, share); a value given twice makes no second cell."""
@@ -138,7 +143,7 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
 
 def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats: int) -> dict:
     def rate(cell: Cell) -> float:  # over the median repetition: one disturbed repetition does not move it
-        return sum(len(t) for t in cell.tokens) / statistics.median(cell.seconds)
+        return cell.output_tokens / statistics.median(cell.seconds)
 
     one = {c.method: c for c in cells if c.batch_size == 1}
     loop = {c.method: c for c in cells if c.batch_size == 0}
@@ -147,7 +152,7 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         first = loop.get(cell.method) or one.get(cell.method)  # the method at batch size 1
         row = {"cell": cell.name, "method": cell.method, "batch_size": cell.batch_size or 1,
                "path": "loop" if cell.batch_size == 0 else "batch", "verify_share": cell.verify_share,
-               "output_tokens": sum(len(t) for t in cell.tokens), "tokens_per_s": rate(cell),
+               "output_tokens": cell.output_tokens, "tokens_per_s": rate(cell),
                "seconds": [round(s, 3) for s in cell.seconds],
                "identical_to_b1": cell.tokens == first.tokens if first else None}
         if cell.method in loop:
@@ -185,8 +190,7 @@ def paired_ratio(cell: Cell, yardstick: Cell) -> float | None:
     (each repetition runs every cell back to back). None unless both ran every repetition."""
     if len(cell.seconds) != len(yardstick.seconds) or not cell.seconds:
         return None
-    tokens, yardstick_tokens = sum(len(t) for t in cell.tokens), sum(len(t) for t in yardstick.tokens)
-    return statistics.median(tokens / own * theirs / yardstick_tokens
+    return statistics.median(cell.output_tokens / own * theirs / yardstick.output_tokens
                              for own, theirs in zip(cell.seconds, yardstick.seconds))
 
 
