@@ -162,7 +162,8 @@ class DraftLength:
             # Counted from the last try (not epochs % every: the gap, and so `every`, moves with each sample)
             self.untried += 1
             try_behind = self.untried >= round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
-            self.untried = 0 if try_behind else self.untried
+            if try_behind:
+                self.untried = 0
             play_drafting = drafting_ahead != try_behind
         self._last_arm[full] = play_drafting
         return drafting_window if play_drafting else 0
