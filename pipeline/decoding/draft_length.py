@@ -25,6 +25,7 @@ of verifications misprices a one-position step. Rounds run in *epochs* of ``EPOC
 (window k) or plain (window 0), and an epoch's tokens per second is measured over its whole wall time,
 everything between its rounds included (epochs of so many rounds would not do: a drafting round makes
 several tokens, a plain one one, so trying the other arm one epoch in 8 would spend a third of the time).
+The clock stops while the scheduler is paused (between its runs), so at batch 1 an epoch spans records.
 A drafting epoch next to a plain one while the batch is as full (*full*: at least half its slots busy;
 else *draining*) gives one sample of their ratio: neighbours share the machine's phase (a shared CPU's
 speed drifts by a quarter over seconds), as the benchmarks' interleaved repetitions do. The arms alternate
@@ -95,6 +96,7 @@ class DraftLength:
         self._window = most  # the current epoch's window
         self._epoch: tuple[bool, bool, float, int] | None = None  # (batch full, drafting, started, tokens then)
         self._previous: tuple[bool, bool, float] | None = None  # the last epoch: (batch full, drafting, tokens/s)
+        self._paused_at: float | None = None  # when the scheduler stopped, until its next round
         self._last_arm: dict[bool, bool] = {}  # batch full -> whether its last epoch drafted
         self.ratios: dict[bool, PairedRatio] = {}  # batch full -> drafting's measured gain over plain steps
         self.untried = 0  # epochs decided by measurement since the arm behind was last tried
@@ -131,6 +133,7 @@ class DraftLength:
         """The window for a round of ``rows`` rows: ``most`` until the costs are known, then, epoch by
         epoch, the model's best k > 0 or 0, as the measured rates say."""
         full = 2 * rows > self.slots  # at least half the slots busy (else draining)
+        self._resume()
         if self._epoch is not None and self._epoch[0] == full and self.clock() - self._epoch[2] < EPOCH_SECONDS:
             return self._window
         self._close_epoch()
@@ -169,10 +172,19 @@ class DraftLength:
         return drafting_window if play_drafting else 0
 
     def pause(self) -> None:
-        """The scheduler stops (its requests are done): the epoch ends here, and the next one, after
-        whatever the machine does meanwhile, is not paired with it."""
-        self._close_epoch()
-        self._previous = None
+        """The scheduler stops (its requests are done): the epoch's clock stops until the next round, so
+        that whatever the machine does meanwhile (waiting for records, a benchmark's other methods) is not
+        counted. At batch 1 an epoch so spans records shorter than it: closing it at each record's end left
+        nothing to pair (demo pair, 200 records of ~17 ms: 3 samples in 400 records, drafting every other)."""
+        if self._paused_at is None:
+            self._paused_at = self.clock()
+
+    def _resume(self) -> None:
+        """A round after a pause: the epoch's start moves on by the time paused."""
+        if self._paused_at is not None and self._epoch is not None:
+            full, drafting, started, made = self._epoch
+            self._epoch = (full, drafting, started + self.clock() - self._paused_at, made)
+        self._paused_at = None
 
     def _close_epoch(self) -> None:
         """The epoch that ends now: its tokens per second over its whole wall time, and with the one before

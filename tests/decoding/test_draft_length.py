@@ -255,6 +255,27 @@ def test_the_arm_behind_is_tried_at_most_once_in_explore_every_epochs_while_its_
     assert min(later - earlier for earlier, later in zip(tried, tried[1:])) >= EXPLORE_EVERY
 
 
+def test_records_shorter_than_an_epoch_still_pair_their_epochs_and_the_time_between_them_is_not_counted():
+    """At batch 1 each record is a scheduler run of its own, ended by a pause, and shorter than an epoch; between
+    records the machine does other work (here 5 epochs' worth, at whatever speed). The epoch's clock stops while
+    paused, so epochs span records and pair: drafting, 0.8x as fast, is soon played rarely."""
+    clock = Clock()
+    chooser = measured(**GPU_LIKE, clock=clock)
+    chosen = []
+    for record in range(400):
+        for _ in range(4):  # a record: 4 rounds of ~3 ms, a fifth of an epoch
+            window = chooser.choose(1)
+            made = 1 + window // 2
+            clock.now += made * 0.001 / (0.8 if window else 1.0)
+            chooser.made += made
+        chosen.append(window)
+        chooser.pause()
+        clock.now += 5 * EPOCH_SECONDS
+    assert chooser.ratios[True].samples >= FIRST_RATIOS
+    assert chooser.ratios[True].log_gain == pytest.approx(math.log(0.8), abs=0.05)
+    assert sum(1 for window in chosen[100:] if window > 0) / len(chosen[100:]) < 2 / EXPLORE_EVERY
+
+
 # --- the one-call drafter ---------------------------------------------------------------------------
 
 
