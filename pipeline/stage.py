@@ -23,6 +23,7 @@ from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.io.segments import Unit, decode_records, documents_of, unit_key
 from pipeline.metrics import quality as q
+from pipeline.metrics.interleaving import balanced_orders
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
 DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document, beside its text
@@ -81,6 +82,9 @@ class DecodeStage:
         baseline_models = dataclasses.replace(spec.models, engine=spec.baseline_engine or spec.models.engine)
         self.passes = self.generators + ([(BASELINE, self._decoder(baseline_models, spec.baseline))]
                                          if spec.baseline else [])
+        # Record by record, the passes take turns in balanced orders: a pass that always ran first (or after
+        # the same other pass) would meet the caches in the same state every time, a bias on its paired speed.
+        self.pass_orders, self.records_seen = balanced_orders(len(self.passes)), 0
         self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -123,8 +127,10 @@ class DecodeStage:
         call, seconds = {"call_started_at": time.time()}, dict.fromkeys(todo, 0.0)
         if retried or self.batch_policy.batch_size == 1:  # record by record: a record's points side by side
             for i, row in enumerate(records):
+                order = self.pass_orders[self.records_seen % len(self.pass_orders)]
+                self.records_seen += 1
                 with self.guard.alone(row["id"]) if retried else contextlib.nullcontext():
-                    for name, generator in self.passes:
+                    for name, generator in (self.passes[place] for place in order):
                         if i in todo[name]:
                             started = time.perf_counter()
                             results[(i, name)] = self._decode(generator, [row])[0]

@@ -1,7 +1,7 @@
 """`bild-pipeline bench-batch`: output tokens/s of batched decoding per method and batch size.
 
 Every cell (method, batch size, verify share) decodes the same inputs with greedy decoding;
-repetitions are interleaved with a rotating cell order (harness.interleave, one turn per
+repetitions are interleaved with a balanced cell order (harness.interleave, one turn per
 repetition), so slow phases of a shared machine hit every cell alike. Batch size 1 is also run
 through the record-by-record loop (``loop``), the path the pipeline takes at
 ``compute.batch_size: 1``. A batch row's outputs must equal the same method's outputs at batch
@@ -201,6 +201,6 @@ def _cell(value) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order; "
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, balanced order; "
              "tokens/s over each cell's median repetition), greedy, " + environment_line(report), ""]
     return "\n".join(lines + dict_table(COLUMNS, report["rows"], _cell) + bleu_line(report))

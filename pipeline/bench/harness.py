@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from pipeline.metrics.interleaving import balanced_orders
 from pipeline.metrics.quality import TranslationScores, translation_scores
 
 T = TypeVar("T")
@@ -33,11 +34,6 @@ def timed(device: torch.device, run: Callable[[], T]) -> tuple[T, float]:
     result = run()
     sync_device(device)
     return result, time.perf_counter() - start
-
-
-def rotated(items: Sequence[T], shift: int) -> list[T]:
-    shift %= len(items)
-    return [*items[shift:], *items[:shift]]
 
 
 @dataclass
@@ -72,21 +68,21 @@ def interleave(methods: Mapping[str, Callable[[int], Any]], inputs: int, repeats
                warm_up: bool = True, between_inputs: Callable[[], None] | None = None) -> dict[str, Measured]:
     """Every method on every input (``method(index)``), ``repeats`` times.
 
-    Each input's turn runs the methods back to back in an order rotated by one at every turn, so
-    that no method always runs first or in another's wake; a slow phase of the machine hits all
+    Each input's turn runs the methods back to back, the turns taking balanced_orders in turn, so
+    that no method always runs first or in one other's wake; a slow phase of the machine hits all
     of them alike. ``warm_up`` runs each method once on input 0 before the measurements;
     ``between_inputs`` runs after each input's turn, outside the timings."""
     if warm_up:
         for method in methods.values():
             method(0)
     measured = {name: Measured() for name in methods}
-    turn = 0
+    names, orders, turn = list(methods), balanced_orders(len(methods)), 0
     for _ in range(repeats):
         for each in measured.values():
             each.seconds.append([])
             each.results.append([])
         for index in range(inputs):
-            for name in rotated(list(methods), turn):
+            for name in (names[place] for place in orders[turn % len(orders)]):
                 result, seconds = timed(device, partial(methods[name], index))
                 measured[name].seconds[-1].append(seconds)
                 measured[name].results[-1].append(result)

@@ -49,7 +49,7 @@ class LoopBenchResult:
             ("**`bild` bookkeeping / forward time** (target < 10%)", f"**{100 * self.bookkeeping_share:.1f}%**"),
             ("share of `bild` output tokens from the small model", f"{100 * self.bild_small_share:.1f}%"),
         ]
-        head = (f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved, rotating order), "
+        head = (f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved, balanced order), "
                 f"tokens per repetition: {self.tokens}")
         return "\n".join([head, "", *markdown_table(["measure", "value"], rows)])
 

@@ -166,7 +166,7 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
 
 
 def render_markdown(report: dict) -> str:
-    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, rotating order), "
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, balanced order), "
              + environment_line(report), f"decoding: {report['decoding']}", ""]
     lines += dict_table(COLUMNS, report["methods"]) + bleu_line(report)
     cost = report["cost_model"]

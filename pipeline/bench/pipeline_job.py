@@ -1,7 +1,7 @@
 """`bild-pipeline bench-pipeline`: the same records decoded in-process and through the Ray pipeline.
 
 Both sides use one model pair, one torch thread and the same decoding settings; repetitions
-alternate (harness.interleave, the order rotating each time) and the ratio is taken per pair.
+alternate (harness.interleave, the order swapping each time) and the ratio is taken per pair.
 The pipeline side is timed from the start of `run_job` to its end (read, decode, write, summary),
 with Ray already running, so the ratio shows what Ray Data adds per record.
 """

@@ -1,6 +1,6 @@
 """`bild-pipeline bench-table1`: the paper's Table 1 on our pair — BLEU and speedup of large, small,
 aligned small, BiLD unaligned and BiLD aligned, measured side by side in one run (every sentence
-decoded by every method in turn, in a rotating order), greedy, batch size 1.
+decoded by every method in turn, in a balanced order), greedy, batch size 1.
 
     bild-pipeline bench-table1 --models models/demo-de-en --source ../shared/data/multi30k/test_2016_flickr.de \\
         --reference ../shared/data/multi30k/test_2016_flickr.en --preset configs/decoding/demo_de_en.yaml

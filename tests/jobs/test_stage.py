@@ -59,3 +59,26 @@ def test_a_baseline_on_another_engine_runs_on_that_engine(saved_tiny_pair):
     assert [row["engine"] for row in rows] == ["native"] * 2 and [row["baseline_engine"] for row in rows] == ["hf"] * 2
     assert sorted(stage._pairs) == ["hf", "native"]
     assert [row["baseline_prediction"] for row in rows] == [row["prediction"] for row in rows]
+
+
+def test_record_by_record_the_passes_take_turns_going_first(saved_tiny_pair):
+    """A job's point and its paired baseline swap places from record to record (across calls too), so that
+    neither always meets the caches as the other left them; the rows are what a fixed order gives."""
+    small, large = saved_tiny_pair
+    records = pa.table({"id": ["a", "b", "c"], "text": INPUTS[:3], "reference": ["x"] * 3, "input_error": [None] * 3})
+    bild = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", bild),), prompt=None,
+                           job_name="t", config_hash="h", baseline=DecodingConfig(method="large", max_new_tokens=MAX_NEW),
+                           baseline_ids=frozenset(["a", "b", "c"]))
+    stage = DecodeStage(spec)
+    ran = []
+    for name, generator in stage.passes:
+        generator.generate = (lambda texts, *args, name=name, decode=generator.generate, **kwargs:
+                              ran.append(name) or decode(texts, *args, **kwargs))
+    rows = stage(records).to_pylist() + stage(records.slice(0, 1)).to_pylist()
+    assert ran == ["bild", "baseline", "baseline", "bild", "bild", "baseline", "baseline", "bild"]
+    fixed = DecodeStage(spec)
+    fixed.pass_orders = [[0, 1]]
+    same = ("id", "prediction", "baseline_prediction", "small_tokens", "large_tokens", "fallbacks", "rollbacks")
+    fixed_rows = fixed(records).to_pylist() + fixed(records.slice(0, 1)).to_pylist()
+    assert [[row[key] for key in same] for row in rows] == [[row[key] for key in same] for row in fixed_rows]

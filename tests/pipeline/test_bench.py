@@ -6,12 +6,13 @@ import json
 import runpy
 import shutil
 import sys
+from collections import Counter
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline.bench.harness import Measured, interleave
+from pipeline.bench.harness import Measured, balanced_orders, interleave
 from pipeline.bench.methods import HF, OURS, render_markdown, run_bench, summarize_methods
 from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
@@ -21,7 +22,7 @@ from support import REPO
 from support.pairs import TEXTS, tiny_pair
 
 
-def test_interleave_rotates_the_order_and_keeps_every_result():
+def test_interleave_balances_the_order_and_keeps_every_result():
     calls = []
 
     def method(name):
@@ -30,13 +31,31 @@ def test_interleave_rotates_the_order_and_keeps_every_result():
             return f"{name}{index}"
         return run
 
-    runs = interleave({name: method(name) for name in "abc"}, inputs=2, repeats=2, device=torch.device("cpu"))
+    runs = interleave({name: method(name) for name in "abc"}, inputs=3, repeats=2, device=torch.device("cpu"))
     assert calls[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the warm-up, outside the measurements
-    measured = [name for name, _ in calls[3:]]
-    assert measured == list("abc" "bca" "cab" "abc")  # the order rotates at every input's turn
-    assert [index for _, index in calls[3:]] == [0, 0, 0, 1, 1, 1] * 2
-    assert runs["b"].last == ["b0", "b1"] and runs["b"].repeats == 2
-    assert len(runs["c"].all_seconds) == 4 and runs["c"].total_seconds == sum(runs["c"].repetition_seconds())
+    turns = ["".join(name for name, _ in calls[3 + 3 * turn : 6 + 3 * turn]) for turn in range(6)]
+    assert turns == ["abc", "bca", "cab", "cba", "acb", "bac"]  # balanced_orders(3), one per input's turn
+    assert [index for _, index in calls[3:]] == [0, 0, 0, 1, 1, 1, 2, 2, 2] * 2
+    assert runs["b"].last == ["b0", "b1", "b2"] and runs["b"].repeats == 2
+    assert len(runs["c"].all_seconds) == 6 and runs["c"].total_seconds == sum(runs["c"].repetition_seconds())
+
+
+@pytest.mark.parametrize("count", range(1, 14))
+def test_balanced_orders_put_every_method_behind_every_other_equally_often(count):
+    orders = balanced_orders(count)
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    behind = Counter((before, after) for order in orders for before, after in zip(order, order[1:]))
+    assert set(behind) == {(a, b) for a in range(count) for b in range(count) if a != b}
+    assert len(set(behind.values())) <= 1  # every method right after every other equally often
+    places = Counter((place, method) for order in orders for place, method in enumerate(order))
+    assert len(places) == count * count and len(set(places.values())) == 1  # and at every place equally often
+
+
+def test_a_rotated_order_is_not_balanced():
+    """The negative control: rotating one order keeps each method behind the same neighbour."""
+    rotations = [[(place + shift) % 5 for place in range(5)] for shift in range(5)]
+    behind = Counter((before, after) for order in rotations for before, after in zip(order, order[1:]))
+    assert len(behind) == 5 and (1, 0) not in behind
 
 
 def assert_speeds_follow_the_timings(rows: dict) -> None:
