@@ -17,7 +17,7 @@ the verification pads every row to the longest tail. A row drafts at least i tok
 so the longest of B rows does with ``1 - (1 - c^i)^B``: a round makes ``sum_{i<k} (1 - (1 - c^i)^B)``
 small-model calls and verifies ``B (1 + sum_{i<=k} (1 - (1 - c^i)^B))`` positions (at B = 1 the plain
 ``sum c^i``). Both models' times come from CallCost fits of whole rounds (scheduler Python included).
-Until both fits hold, a drafting epoch drafts the configured window (it is how the small model's fit learns).
+Until both fits hold, the configured window is used (it is how the fits learn).
 
 The model picks the best window k > 0; whether to draft at all is then settled by measurement, not by the
 model: fits of rounds miss what a round costs outside its two calls (the loop, rows joining), and a linear fit
@@ -130,8 +130,8 @@ class DraftLength:
     # --- the choice ------------------------------------------------------------------------------
 
     def choose(self, rows: int) -> int:
-        """The window for a round of ``rows`` rows, epoch by epoch: the model's best k > 0 (``most`` until the
-        costs are known) or 0, as the measured rates say."""
+        """The window for a round of ``rows`` rows: ``most`` until the costs are known, then, epoch by
+        epoch, the model's best k > 0 or 0, as the measured rates say."""
         full = 2 * rows > self.slots  # at least half the slots busy (else draining)
         self._resume()
         if self._epoch is not None and self._epoch[0] == full and self.clock() - self._epoch[2] < EPOCH_SECONDS:
@@ -149,14 +149,10 @@ class DraftLength:
         return window if rates[window] >= MARGIN * rates[0] else 0
 
     def _epoch_window(self, rows: int) -> int:
-        # The arms are measured from the first epoch: drafting until the fits held (16 calls each) cost a
-        # compute-bound pair 16 rounds at about half speed (demo pair, batch 32: a first run of 96 sentences
-        # at 0.39-0.51x the speed of the third; measured from the first epoch, 0.54-0.78x).
         if self.small_cost.predict(rows) is None or self.large_cost.predict(rows) is None or not self.small_calls:
-            modelled = drafting_window = self.most
-        else:
-            modelled = self.modelled(rows)
-            drafting_window = modelled or max(range(1, self.most + 1), key=lambda k: self.tokens_per_second(k, rows))
+            return self.most
+        modelled = self.modelled(rows)
+        drafting_window = modelled or max(range(1, self.most + 1), key=lambda k: self.tokens_per_second(k, rows))
         full = 2 * rows > self.slots
         ratio = self.ratios.get(full, PairedRatio())
         if ratio.samples < FIRST_RATIOS and self.ratios.get(not full, ratio).samples >= FIRST_RATIOS:

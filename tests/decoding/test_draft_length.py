@@ -199,24 +199,6 @@ def drafting_share(epochs: list[int]) -> float:
     return sum(1 for window in epochs[20:] if window > 0) / len(epochs[20:])
 
 
-def test_the_arms_are_measured_before_the_costs_are_known():
-    """Before any cost is fitted the arms already alternate, drafting the configured window first; where drafting
-    runs at half speed, plain steps win after FIRST_RATIOS samples and drafting is only tried now and then. (Drafting
-    until both fits held cost a compute-bound pair 16 drafting rounds first.)"""
-    clock = Clock()
-    chooser = DraftLength(7, clock=clock)
-    chosen = []
-    decide = chooser._epoch_window
-    chooser._epoch_window = lambda rows: (chosen.append(decide(rows)), chosen[-1])[1]  # one window per epoch
-    while len(chosen) < 200:
-        window = chooser.choose(1)
-        clock.now += 0.001 / (0.5 if window else 1.0)
-        chooser.made += 1
-    assert chooser.small_cost.predict(1) is None  # nothing was fitted
-    assert chosen[: FIRST_RATIOS + 1] == [0 if i % 2 else 7 for i in range(FIRST_RATIOS + 1)]
-    assert drafting_share(chosen) < 2 / EXPLORE_EVERY
-
-
 def test_measured_rates_overrule_the_model_and_the_arm_behind_is_still_tried():
     """The model expects drafting to pay, but drafting epochs run at 0.9x plain ones: after a few epochs
     of each, plain steps; drafting is tried again about one epoch in EXPLORE_EVERY."""
