@@ -46,6 +46,12 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def ct2_cache(tmp_path_factory):
+    """Where models.engine ct2 jobs convert their models, once per session."""
+    return str(tmp_path_factory.mktemp("ct2-cache"))
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """A local S3-compatible server (moto) on 127.0.0.1, as s3fs's own tests use."""
     import socket

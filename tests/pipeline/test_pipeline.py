@@ -1,84 +1,22 @@
-"""The batch pipeline end to end on a real local Ray: formats, S3 (moto), bad input, resume."""
+"""The batch pipeline end to end on a real local Ray: formats, S3 (moto), bad input, progress lines
+(resuming and recovering: test_pipeline_recovery.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.io.storage import InputError, open_filesystem, output_files, read_ids, read_output_table, read_records
-from pipeline.jobs import JobConfig, load_job
+from pipeline.io.storage import InputError, open_filesystem, output_files, read_ids, read_records
+from pipeline.jobs import load_job
 from pipeline.jobs.run import OutputExistsError, run_job
-from support import REPO
+from support.jobs import (ENGINES, SENTENCES, assert_one_row_per_id, engine_job, make_job, output_rows,
+                          write_shards)
 
 pytestmark = pytest.mark.slow
-SENTENCES = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
-             "Kinder bauen eine Sandburg.", "Ein Mann fährt Rad.", "Musiker spielen auf der Bühne."]
-
-
-def make_job(pair, input_path, output_path, fmt="parquet", **sections) -> JobConfig:
-    small, large = pair
-    data = {
-        "name": "test",
-        "input": {"path": str(input_path), "format": fmt, "id_column": "id", "text_column": "text",
-                  "reference_column": "ref"},
-        "models": {"small": small, "large": large, "device": "cpu"},
-        "decoding": {"method": "bild", "max_new_tokens": 8},
-        "compute": {"actors": 1, "batch_size": 4},
-        "output": {"path": str(output_path), "mode": "overwrite"},
-    }
-    for section, values in sections.items():
-        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    return JobConfig.model_validate(data)
-
-
-# Where the decoding-layer invariants do not reach: the same jobs with CTranslate2 running `large`
-# (models.engine ct2: converted once into the session's cache) as with our own engine running `bild`.
-ENGINES = ["native", "ct2"]
-
-
-@pytest.fixture(scope="session")
-def ct2_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("ct2-cache"))
-
-
-def engine_job(engine: str, cache: str, pair, input_path, output_path, fmt="parquet", **sections) -> JobConfig:
-    """make_job, with models.engine ct2 and method large where ``engine`` is ct2."""
-    if engine == "ct2":
-        sections["models"] = {**sections.get("models", {}), "engine": "ct2", "ct2_cache": cache}
-        sections["decoding"] = {**sections.get("decoding", {}), "method": "large"}
-    return make_job(pair, input_path, output_path, fmt, **sections)
-
-
-def write_shards(fs_path: str, n_records: int, n_shards: int, storage_options=None):
-    fs, base = open_filesystem(fs_path, storage_options)
-    fs.makedirs(base, exist_ok=True)
-    per = n_records // n_shards
-    for shard in range(n_shards):
-        ids = [f"doc-{i}" for i in range(shard * per, (shard + 1) * per)]
-        table = pa.table({"id": ids, "text": [SENTENCES[int(i.split('-')[1]) % len(SENTENCES)] for i in ids],
-                          "ref": [f"reference {i}" for i in ids]})
-        with fs.open(f"{base}/shard-{shard:03d}.parquet", "wb") as handle:
-            pq.write_table(table, handle)
-    return [f"doc-{i}" for i in range(n_shards * per)]
-
-
-def output_rows(job: JobConfig) -> pa.Table:
-    return read_output_table(job.output.path, job.output.storage_options)
-
-
-def assert_one_row_per_id(table: pa.Table, ids: list[str]):
-    got = table.column("id").to_pylist()
-    assert sorted(got) == sorted(ids), "every input id exactly once"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -215,66 +153,6 @@ def test_missing_column_and_existing_output_are_refused(ray_local, saved_tiny_pa
         run_job(make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "error"}))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
-    ids = write_shards(str(tmp_path / "in"), 12, 4)
-    first = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"limit": 5})
-    assert run_job(first).decoded_now == 5
-    done_first = set(output_rows(first).column("id").to_pylist())
-    rest = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "resume"})
-    summary = run_job(rest)
-    assert summary.decoded_now == 7 and summary.skipped_existing == 5
-    # The summary's BiLD rates are over this run's records only.
-    now = [row for row in output_rows(rest).to_pylist() if row["id"] not in done_first]
-    tokens = sum(row["output_tokens"] for row in now)
-    assert summary.output_tokens_now == tokens > 0
-    assert summary.small_share == pytest.approx(sum(row["small_tokens"] for row in now) / tokens)
-    assert summary.fallbacks_per_100_tokens == pytest.approx(100 * sum(row["fallbacks"] for row in now) / tokens)
-    assert summary.rollbacks_per_100_tokens == pytest.approx(100 * sum(row["rollbacks"] for row in now) / tokens)
-    assert_one_row_per_id(output_rows(rest), ids)
-    manifest = json.loads((tmp_path / "out" / "run.json").read_text())
-    assert [a["to_decode"] for a in manifest["attempts"]] == [5, 7]
-
-
-def _readable_rows(data_dir: Path) -> int:
-    rows = 0
-    for file in data_dir.glob("*.parquet"):
-        try:
-            rows += pq.read_metadata(file).num_rows
-        except Exception:  # noqa: BLE001 - torn by the kill: the rerun removes it
-            pass
-    return rows
-
-
-def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
-    """Kill a running `bild-pipeline run` once some output exists, add a torn file, rerun."""
-    ids = write_shards(str(tmp_path / "in"), 64, 16)
-    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 24},
-                   compute={"batch_size": 1}, output={"mode": "resume", "rows_per_file": 2})
-    job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(job.model_dump()))
-    command = [sys.executable, "-m", "pipeline.cli", "run", str(job_file)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    data_dir = tmp_path / "out" / "data"
-    deadline = time.time() + 300  # Ray start-up and model loading are slow on a loaded 2-core machine
-    while time.time() < deadline and not (data_dir.exists() and _readable_rows(data_dir)):  # a whole file
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # the whole job: driver, its embedded Ray, the workers
-    process.wait()
-    written = _readable_rows(data_dir)  # a write cut off by the kill may have left a torn file
-    assert 0 < written < len(ids), f"the job should have been interrupted part-way ({written} rows)"
-    (data_dir / "torn-write.parquet").write_bytes(b"PAR1 cut off")  # a file whose write was cut off
-
-    result = subprocess.run(command + ["--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["skipped_existing"] == written and summary["decoded_now"] == len(ids) - written
-    assert_one_row_per_id(read_output_table(str(tmp_path / "out")), ids)
-    assert not (data_dir / "torn-write.parquet").exists()
-
-
 def test_job_files_validate_and_name_the_bad_key(tmp_path):
     from click.testing import CliRunner
 
@@ -300,67 +178,6 @@ def test_job_files_validate_and_name_the_bad_key(tmp_path):
     assert job.decoding.method == "large" and job.input.limit == 100
     run_bad = runner.invoke(main, ["run", str(tmp_path / "typo.yaml")])
     assert run_bad.exit_code == 2
-
-
-def _decode_actor_pids() -> list[int]:
-    """Processes of this test session's live decode actors, as its own Ray's GCS lists them (Ray Data
-    names their class MapWorker(MapBatches(DecodeStage))). ray.util.state needs the dashboard, which
-    ray_local leaves out, so this asks the GCS as ray.util.state's own server does."""
-    import ray
-
-    job = ray.get_runtime_context().get_job_id()
-    return [actor["Pid"] for actor in ray._private.state.actors().values()
-            if actor["State"] == "ALIVE" and "DecodeStage" in actor["ActorClassName"] and actor["Pid"]
-            and actor["JobID"] == job]
-
-
-def _raylet_of(pid: int) -> int:
-    """The raylet that started worker process `pid` (its parent, which Ray also puts in its environment)."""
-    parent = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    environ = dict(item.split(b"=", 1) for item in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-                   if b"=" in item)
-    assert int(environ[b"RAY_RAYLET_PID"]) == parent
-    return parent
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
-    """SIGKILL this test's own decode actor (the one writing this job's rows, started by this session's
-    raylet; other runs' actors on the machine are left alone): every id is still written exactly once."""
-    import threading
-
-    own_raylets = {process.process.pid for process in ray_local._private.worker._global_node.all_processes["raylet"]}
-    ids = write_shards(str(tmp_path / "in"), 48, 8)
-    job = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out",
-                     decoding={"max_new_tokens": 24}, compute={"batch_size": 1}, output={"rows_per_file": 2})
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["summary"] = run_job(job)
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    data_dir, killed = tmp_path / "out" / "data", []
-    deadline = time.time() + 120
-    while not killed and time.time() < deadline and worker.is_alive():
-        if data_dir.exists() and any(data_dir.glob("*.parquet")):  # the actor is mid-job
-            for pid in _decode_actor_pids():
-                assert _raylet_of(pid) in own_raylets, f"pid {pid} is not an actor of this test's Ray"
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        time.sleep(0.05)
-    worker.join(timeout=300)
-    assert len(killed) == 1, f"the test must kill its one decode actor while the job runs: {killed}"
-    assert "summary" in outcome, f"the job failed: {outcome.get('error')!r}"
-    assert outcome["summary"].records_in_output == len(ids)
-    table = output_rows(job)
-    assert_one_row_per_id(table, ids)
-    assert table.column("error").null_count == table.num_rows
-    workers = {int(name.rsplit(":", 1)[1]) for name in table.column("worker").to_pylist()}
-    assert killed[0] in workers and len(workers) >= 2, (killed, workers)  # the killed one wrote rows, another ended
 
 
 # What Ray Data's operator tables and INFO logs print ("2026-01-01 10:00:00,000\tINFO streaming_executor.py ...").

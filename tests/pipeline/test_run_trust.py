@@ -15,7 +15,7 @@ import yaml
 from pipeline.io.lease import LEASE
 from pipeline.jobs.run import run_job
 from support import REPO
-from test_pipeline import make_job, write_shards
+from support.jobs import make_job, write_shards
 
 pytestmark = pytest.mark.slow
 
