@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with the most end-to-end tests on the local Ray cluster (up to two minutes each) run first; each
-    file keeps its own order. `make test` runs each file on one of two workers in collection order, and
-    tests/pipeline comes last: its test_pipeline.py (13 Ray tests) started when the other worker had little
-    left, which then sat idle (16.4 min for 18.3 CPU-minutes of tests on 2 cores)."""
-    ray_tests = Counter(item.path for item in items if "ray_local" in item.fixturenames)
-    items.sort(key=lambda item: -ray_tests[item.path])  # a stable sort
 
 
 @pytest.fixture(scope="session")

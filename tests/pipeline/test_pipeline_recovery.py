@@ -1,5 +1,4 @@
-"""Runs that survive: resuming after a limit or a kill, and a decode actor that dies mid-job (a file of its
-own, so that `make test`'s two workers share the end-to-end jobs)."""
+"""Runs that survive: resuming after a limit or after the job is killed, and a decode actor that dies mid-job."""
 
 from __future__ import annotations
 
