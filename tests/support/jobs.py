@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 
 from pipeline.io.storage import open_filesystem, read_output_table
 from pipeline.jobs import JobConfig
+from support.shards import SENTENCES
 
-SENTENCES = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
-             "Kinder bauen eine Sandburg.", "Ein Mann fährt Rad.", "Musiker spielen auf der Bühne."]
+__all__ = ["ENGINES", "SENTENCES", "assert_one_row_per_id", "engine_job", "make_job", "output_rows", "write_shards"]
 
 
 def make_job(pair, input_path, output_path, fmt="parquet", **sections) -> JobConfig:
