@@ -1,13 +1,14 @@
 """`bild-pipeline bench-batch`: output tokens/s of batched decoding per method and batch size.
 
-Every cell (method, batch size, verify share) decodes the same inputs with greedy decoding;
-repetitions are interleaved with a balanced cell order (harness.interleave, one turn per
-repetition), so slow phases of a shared machine hit every cell alike. Batch size 1 is also run
-through the record-by-record loop (``loop``), the path the pipeline takes at
-``compute.batch_size: 1``. A batch row's outputs must equal the same method's outputs at batch
-size 1; the report says whether they do. With ``ct2`` models, ``ct2_large`` (and ``ct2_small``)
-cells run CTranslate2 on the same checkpoints and inputs with ``max_batch_size`` = the cell's
-batch size. ``time_split`` says where a cell's last run went (the engines' steps, admissions, the rest).
+Every cell (method, batch size, verify share) decodes the same inputs with greedy decoding; repetitions
+are interleaved with a balanced cell order (harness.interleave, one turn per repetition; balanced over
+whole cycles only, and the header says how much of one a run took), so slow phases of a shared machine
+hit every cell alike. Batch size 1 is also run through the record-by-record loop (``loop``), the path
+the pipeline takes at ``compute.batch_size: 1``. A batch row's outputs must equal the same method's
+outputs at batch size 1; the report says whether they do. With ``ct2`` models, ``ct2_large`` (and
+``ct2_small``) cells run CTranslate2 on the same checkpoints and inputs with ``max_batch_size`` = the
+cell's batch size. ``time_split`` says where a cell's last run went (the engines' steps, admissions, the
+rest).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipeline.bench.harness import (
 from pipeline.bench.methods import ADAPTIVE, CT2
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
+from pipeline.metrics.interleaving import order_coverage
 from pipeline.metrics.quality import signatures
 
 DRAFTING = ("bild", "speculative")
@@ -178,7 +180,8 @@ def summarize(pair, cells: list[Cell], references, config, inputs: int, repeats:
         if references:
             row["bleu"] = score_outputs(pair.tokenizer, cell.tokens, references).bleu
         rows.append(row)
-    report = {"inputs": inputs, "repeats": repeats, "decoding": config.to_dict(), **environment(pair), "rows": rows}
+    report = {"inputs": inputs, "repeats": repeats, "order": order_coverage(len(cells), repeats),  # a turn per repetition
+              "decoding": config.to_dict(), **environment(pair), "rows": rows}
     if references:
         report["bleu_signature"] = signatures("translation")["bleu"]
     return report
@@ -201,6 +204,6 @@ def _cell(value) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, balanced order; "
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, {report['order']}; "
              "tokens/s over each cell's median repetition), greedy, " + environment_line(report), ""]
     return "\n".join(lines + dict_table(COLUMNS, report["rows"], _cell) + bleu_line(report))

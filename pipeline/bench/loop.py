@@ -16,6 +16,7 @@ from pipeline.bench.harness import interleave, markdown_table
 from pipeline.bench.hf import hf_greedy, same_output
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.stats import DecodeStats
+from pipeline.metrics.interleaving import order_coverage
 
 
 @dataclass
@@ -29,6 +30,7 @@ class LoopBenchResult:
     bild_loop_ms: float
     bild_forward_ms: float
     bild_small_share: float
+    order: str  # how fully the turns covered balanced_orders' cycle (interleaving.order_coverage)
 
     @property
     def speed_vs_generate(self) -> float:
@@ -49,7 +51,7 @@ class LoopBenchResult:
             ("**`bild` bookkeeping / forward time** (target < 10%)", f"**{100 * self.bookkeeping_share:.1f}%**"),
             ("share of `bild` output tokens from the small model", f"{100 * self.bild_small_share:.1f}%"),
         ]
-        head = (f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved, balanced order), "
+        head = (f"inputs: {self.inputs}, repetitions: {self.repeats} (interleaved, {self.order}), "
                 f"tokens per repetition: {self.tokens}")
         return "\n".join([head, "", *markdown_table(["measure", "value"], rows)])
 
@@ -85,4 +87,5 @@ def run_loop_bench(pair: ModelPair, texts: list[str], bild: DecodingConfig, repe
         bild_loop_ms=statistics.median(1000 * s for s in bild_runs.repetition_seconds()),
         bild_forward_ms=statistics.median(1000 * s for s in forward),
         bild_small_share=DecodeStats.total(output.stats for output, _ in bild_runs.last).small_token_share,
+        order=order_coverage(len(runs), len(texts) * repeats),
     )

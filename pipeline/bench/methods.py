@@ -28,6 +28,7 @@ from pipeline.bench.harness import (
 from pipeline.bench.hf import hf_greedy, same_output
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
+from pipeline.metrics.interleaving import order_coverage
 from pipeline.metrics.quality import signatures
 
 OURS = ("large", "small", "bild", "speculative")
@@ -151,7 +152,8 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
             encoder = encoders[name if name in ("large", "small") else "both"]
             row["predicted_s"] = encoder + predict_seconds(stats[name], cost)
             row["measured_over_predicted"] = runs[name].total_seconds / repeats / row["predicted_s"]
-    report = {"inputs": len(texts), "repeats": repeats, "decoding": bild.to_dict(), **environment(pair),
+    report = {"inputs": len(texts), "repeats": repeats, "order": order_coverage(len(runs), len(texts) * repeats),
+              "decoding": bild.to_dict(), **environment(pair),
               "ct2": ct2["large"].description if ct2 else None, "methods": rows, "cost_model": cost,
               "small_steps": small_steps}
     if references:
@@ -166,7 +168,7 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
 
 
 def render_markdown(report: dict) -> str:
-    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, balanced order), "
+    lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, {report['order']}), "
              + environment_line(report), f"decoding: {report['decoding']}", ""]
     lines += dict_table(COLUMNS, report["methods"]) + bleu_line(report)
     cost = report["cost_model"]

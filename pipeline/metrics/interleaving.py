@@ -15,3 +15,21 @@ def balanced_orders(count: int) -> list[list[int]]:
     first = [0] + [(place + 1) // 2 if place % 2 else count - place // 2 for place in range(1, count)]  # 0, 1, n-1, 2, ...
     orders = [[(place + shift) % count for place in first] for shift in range(count)]
     return orders + [order[::-1] for order in orders] if count % 2 else orders
+
+
+def order_coverage(count: int, turns: int) -> str:
+    """What ``turns`` turns of ``count`` methods make of balanced_orders' cycle, for a benchmark's header: the
+    balance holds over whole cycles only (``bench-batch`` takes one turn per repetition, so 3 repetitions of 6
+    cells run half a cycle; ``bench`` one per input and repetition, so one partial cycle among many whole ones)."""
+    cycle = len(balanced_orders(count)) if count > 1 else 1  # one method: any number of turns is balanced
+    full, rest = divmod(turns, cycle)
+    whole = f"{_counted(full, 'full cycle')} of {_counted(cycle, 'turn')}"
+    if not rest:
+        return f"balanced orders, {whole}"
+    if not full:
+        return f"balanced orders, {rest} of a cycle's {cycle} turns: not fully balanced"
+    return f"balanced orders, {whole} and {_counted(rest, 'turn')} more: not fully balanced"
+
+
+def _counted(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

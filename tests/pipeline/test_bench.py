@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.bench.harness import Measured, balanced_orders, interleave
+from pipeline.metrics.interleaving import order_coverage
 from pipeline.bench.methods import HF, OURS, render_markdown, run_bench, summarize_methods
 from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
@@ -56,6 +57,22 @@ def test_a_rotated_order_is_not_balanced():
     rotations = [[(place + shift) % 5 for place in range(5)] for shift in range(5)]
     behind = Counter((before, after) for order in rotations for before, after in zip(order, order[1:]))
     assert len(behind) == 5 and (1, 0) not in behind
+
+
+@pytest.mark.parametrize("count", range(2, 10))
+def test_a_header_says_not_fully_balanced_exactly_where_the_turns_taken_are_not(count):
+    """interleave takes balanced_orders in turn: only whole cycles of them are balanced (bench-batch's 3
+    repetitions of 6 cells are half a cycle), and the headers say so."""
+    orders = balanced_orders(count)
+    for turns in range(1, 2 * len(orders) + 2):
+        taken = [orders[turn % len(orders)] for turn in range(turns)]
+        behind = Counter((before, after) for order in taken for before, after in zip(order, order[1:]))
+        places = Counter((place, method) for order in taken for place, method in enumerate(order))
+        balanced = (len(behind) == count * (count - 1) and len(set(behind.values())) == 1
+                    and len(places) == count * count and len(set(places.values())) == 1)
+        assert ("not fully balanced" not in order_coverage(count, turns)) == balanced, (count, turns)
+    assert order_coverage(6, 3) == "balanced orders, 3 of a cycle's 6 turns: not fully balanced"
+    assert order_coverage(3, 12) == "balanced orders, 2 full cycles of 6 turns"
 
 
 def assert_speeds_follow_the_timings(rows: dict) -> None:
@@ -141,6 +158,7 @@ def test_batch_ratios_are_computed_from_the_timings():
     config = DecodingConfig(method="bild", max_new_tokens=12)
     report = summarize(pair, cells, None, config, inputs=2, repeats=1)
     rows = {row["cell"]: row for row in report["rows"]}
+    assert report["order"] == order_coverage(len(cells), 1)  # a turn per repetition: 1 of 8 orders
     keys = ("tokens_per_s", "ratio_vs_loop_b1", "ratio_vs_batch_b1", "ratio_vs_large_same_b",
             "ratio_vs_ct2_large_same_b")
     want = {  # worked out by hand from the seconds above (None: no such yardstick)
@@ -173,6 +191,8 @@ def test_bench_runs_every_method_side_by_side():
     assert_speeds_follow_the_timings(rows)  # every row's speedup from its own and large's measured times
     assert all(rows[name]["predicted_s"] > 0 for name in OURS)
     assert "bleu" in rows["bild"] and "measured_over_predicted" in render_markdown(report)
+    # a turn per input and repetition: 2 of the cycle of len(rows) methods' orders
+    assert f"(interleaved, {order_coverage(len(rows), 2)})" in render_markdown(report)
     assert report["bleu_signature"].startswith("nrefs:1|") and "BLEU: sacrebleu nrefs:1|" in render_markdown(report)
     assert rows["small"]["small_token_share"] == 1.0 and "small_token_share" not in rows["hf_generate"]
     # The cost model's steps were timed between the records (2 inputs x 1 repetition), not after the runs.
