@@ -13,11 +13,11 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.bench.harness import Measured, balanced_orders, interleave
-from pipeline.metrics.interleaving import order_coverage
 from pipeline.bench.methods import HF, OURS, render_markdown, run_bench, summarize_methods
 from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
 from pipeline.decoding.stats import DecodeOutput
+from pipeline.metrics.interleaving import order_coverage
 from pipeline.tiny import save_pair
 from support import REPO
 from support.pairs import TEXTS, tiny_pair

@@ -18,11 +18,9 @@ from pipeline.jobs import JobConfig
 from pipeline.jobs.report import build_report, result_line
 from pipeline.jobs.run import EngineError, run_job
 from pipeline.jobs.sweep import grid_points
+from support.shards import SENTENCES
 
 pytest.importorskip("ctranslate2")
-
-SENTENCES = ["Ein Hund läuft.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
-             "Kinder bauen eine Sandburg.", "Ein Mann fährt Rad.", "Musiker spielen auf der Bühne."]
 
 
 def job_data(pair, tmp_path, **sections) -> dict:

@@ -13,8 +13,8 @@ import yaml
 from pipeline.io.storage import InputError, open_filesystem, output_files, read_ids, read_records
 from pipeline.jobs import load_job
 from pipeline.jobs.run import OutputExistsError, run_job
-from support.jobs import (ENGINES, SENTENCES, assert_one_row_per_id, engine_job, make_job, output_rows,
-                          write_shards)
+from support.jobs import ENGINES, assert_one_row_per_id, engine_job, make_job, output_rows
+from support.shards import SENTENCES, write_parquet_shards
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_parquet_shards_from_and_to_s3(ray_local, saved_tiny_pair, s3_server, ca
 
     fs = s3fs.S3FileSystem(**s3_server)
     fs.mkdir(f"bild-test-{engine}")
-    ids = write_shards(f"s3://bild-test-{engine}/input/", 12, 3, s3_server)
+    ids = write_parquet_shards(f"s3://bild-test-{engine}/input/", 12, 3, s3_server)
     job = engine_job(engine, ct2_cache, saved_tiny_pair, f"s3://bild-test-{engine}/input/",
                      f"s3://bild-test-{engine}/runs/t1", input={"storage_options": s3_server},
                      output={"storage_options": s3_server})
@@ -144,7 +144,7 @@ def test_duplicate_ids_stop_the_job_before_decoding(ray_local, saved_tiny_pair, 
 
 
 def test_missing_column_and_existing_output_are_refused(ray_local, saved_tiny_pair, tmp_path):
-    write_shards(str(tmp_path / "in"), 4, 1)
+    write_parquet_shards(str(tmp_path / "in"), 4, 1)
     with pytest.raises(InputError, match="input.text_column 'body'"):
         run_job(make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"text_column": "body"}))
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out")
@@ -199,7 +199,7 @@ def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_p
     from pipeline.cli import main
     from pipeline.jobs.console import Progress, quiet_ray
 
-    ids = write_shards(str(tmp_path / "in"), 24, 4)
+    ids = write_parquet_shards(str(tmp_path / "in"), 24, 4)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 16},
                    compute={"actors": 1, "batch_size": 1}, output={"rows_per_file": 2})
     job_file = tmp_path / "job.yaml"
@@ -252,7 +252,7 @@ def test_a_sampled_record_depends_on_its_id_and_seed_not_on_where_or_when_it_ran
     from pipeline.decoding import DecodingConfig, Generator, ModelPair
     from pipeline.stage import record_seed
 
-    ids = write_shards(str(tmp_path / "in"), 8, 1)
+    ids = write_parquet_shards(str(tmp_path / "in"), 8, 1)
     rows = pq.read_table(tmp_path / "in" / "shard-000.parquet").to_pylist()
     random.Random(0).shuffle(rows)
     (tmp_path / "shuffled").mkdir()

@@ -17,14 +17,15 @@ import yaml
 from pipeline.io.storage import read_output_table
 from pipeline.jobs.run import run_job
 from support import REPO
-from support.jobs import ENGINES, assert_one_row_per_id, engine_job, make_job, output_rows, write_shards
+from support.jobs import ENGINES, assert_one_row_per_id, engine_job, make_job, output_rows
+from support.shards import write_parquet_shards
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_resume_decodes_only_missing_ids_after_a_limit(ray_local, saved_tiny_pair, tmp_path, engine, ct2_cache):
-    ids = write_shards(str(tmp_path / "in"), 12, 4)
+    ids = write_parquet_shards(str(tmp_path / "in"), 12, 4)
     first = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out", input={"limit": 5})
     assert run_job(first).decoded_now == 5
     done_first = set(output_rows(first).column("id").to_pylist())
@@ -55,7 +56,7 @@ def _readable_rows(data_dir: Path) -> int:
 
 def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     """Kill a running `bild-pipeline run` once some output exists, add a torn file, rerun."""
-    ids = write_shards(str(tmp_path / "in"), 64, 16)
+    ids = write_parquet_shards(str(tmp_path / "in"), 64, 16)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 24},
                    compute={"batch_size": 1}, output={"mode": "resume", "rows_per_file": 2})
     job_file = tmp_path / "job.yaml"
@@ -110,7 +111,7 @@ def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tin
     import threading
 
     own_raylets = {process.process.pid for process in ray_local._private.worker._global_node.all_processes["raylet"]}
-    ids = write_shards(str(tmp_path / "in"), 48, 8)
+    ids = write_parquet_shards(str(tmp_path / "in"), 48, 8)
     job = engine_job(engine, ct2_cache, saved_tiny_pair, tmp_path / "in", tmp_path / "out",
                      decoding={"max_new_tokens": 24}, compute={"batch_size": 1}, output={"rows_per_file": 2})
     outcome: dict = {}

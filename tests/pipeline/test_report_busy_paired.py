@@ -78,7 +78,8 @@ def test_a_job_with_a_paired_baseline_reports_speedup_quality_and_plots(ray_loca
     from pipeline.io.storage import read_output_table
     from pipeline.jobs.report import build_report, result_line, write_report
     from pipeline.jobs.run import run_job
-    from support.jobs import SENTENCES, make_job
+    from support.jobs import make_job
+    from support.shards import SENTENCES
 
     ids = [f"r{i}" for i in range(10)]
     pq.write_table(pa.table({"id": ids, "text": [SENTENCES[i % len(SENTENCES)] for i in range(10)],

@@ -15,7 +15,8 @@ import yaml
 from pipeline.io.lease import LEASE
 from pipeline.jobs.run import run_job
 from support import REPO
-from support.jobs import make_job, write_shards
+from support.jobs import make_job
+from support.shards import write_parquet_shards
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_resuming_under_another_engine_exits_2_naming_the_keys(ray_local, saved_tiny_pair, tmp_path):
-    write_shards(str(tmp_path / "in"), 8, 2)
+    write_parquet_shards(str(tmp_path / "in"), 8, 2)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", models={"engine": "native"},
                    output={"mode": "resume"})
     first = job.model_copy(update={"input": job.input.model_copy(update={"limit": 3})})
@@ -42,7 +43,7 @@ def test_resuming_under_another_engine_exits_2_naming_the_keys(ray_local, saved_
 
 
 def test_a_second_run_on_the_same_output_exits_2_naming_the_first(saved_tiny_pair, tmp_path):
-    write_shards(str(tmp_path / "in"), 16, 4)
+    write_parquet_shards(str(tmp_path / "in"), 16, 4)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", decoding={"max_new_tokens": 16},
                    compute={"batch_size": 1}, output={"mode": "resume", "rows_per_file": 2})
     job_file = tmp_path / "job.yaml"
@@ -73,7 +74,7 @@ def test_a_record_that_kills_its_actor_fails_alone_and_the_job_completes(saved_t
     from pipeline.in_flight import FAULT_VARIABLE
     from pipeline.io.storage import read_output_table
 
-    ids = write_shards(str(tmp_path / "in"), 12, 3)
+    ids = write_parquet_shards(str(tmp_path / "in"), 12, 3)
     job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", compute={"batch_size": 4})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job.model_dump()))

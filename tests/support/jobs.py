@@ -1,15 +1,14 @@
-"""End-to-end jobs for the pipeline tests: a job over a tiny pair, input shards, and what its output must hold."""
+"""End-to-end jobs for the pipeline tests: a job over a tiny pair and what its output must hold (its input
+shards: support/shards.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.io.storage import open_filesystem, read_output_table
+from pipeline.io.storage import read_output_table
 from pipeline.jobs import JobConfig
-from support.shards import SENTENCES
 
-__all__ = ["ENGINES", "SENTENCES", "assert_one_row_per_id", "engine_job", "make_job", "output_rows", "write_shards"]
+__all__ = ["ENGINES", "assert_one_row_per_id", "engine_job", "make_job", "output_rows"]
 
 
 def make_job(pair, input_path, output_path, fmt="parquet", **sections) -> JobConfig:
@@ -39,19 +38,6 @@ def engine_job(engine: str, cache: str, pair, input_path, output_path, fmt="parq
         sections["models"] = {**sections.get("models", {}), "engine": "ct2", "ct2_cache": cache}
         sections["decoding"] = {**sections.get("decoding", {}), "method": "large"}
     return make_job(pair, input_path, output_path, fmt, **sections)
-
-
-def write_shards(fs_path: str, n_records: int, n_shards: int, storage_options=None):
-    fs, base = open_filesystem(fs_path, storage_options)
-    fs.makedirs(base, exist_ok=True)
-    per = n_records // n_shards
-    for shard in range(n_shards):
-        ids = [f"doc-{i}" for i in range(shard * per, (shard + 1) * per)]
-        table = pa.table({"id": ids, "text": [SENTENCES[int(i.split('-')[1]) % len(SENTENCES)] for i in ids],
-                          "ref": [f"reference {i}" for i in ids]})
-        with fs.open(f"{base}/shard-{shard:03d}.parquet", "wb") as handle:
-            pq.write_table(table, handle)
-    return [f"doc-{i}" for i in range(n_shards * per)]
 
 
 def output_rows(job: JobConfig) -> pa.Table:
