@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def balanced_orders(count: int) -> list[list[int]]:
     """Orders of ``count`` methods in which each method runs at each place equally often and right after
-    each other method equally often (a Williams design: ``count`` orders, twice as many for an odd count).
+    each other method equally often (a Williams design: ``count`` orders, twice as many for an odd count above 1).
 
     A method runs faster in the wake of one that uses the same weights than in the wake of one that evicts
     them from the CPU's cache (demo pair, batch 1: our ``large`` 7-10% slower right after CTranslate2 than
@@ -14,14 +14,14 @@ def balanced_orders(count: int) -> list[list[int]]:
     neighbour, so that bias never averages out; these orders spread it over all methods alike."""
     first = [0] + [(place + 1) // 2 if place % 2 else count - place // 2 for place in range(1, count)]  # 0, 1, n-1, 2, ...
     orders = [[(place + shift) % count for place in first] for shift in range(count)]
-    return orders + [order[::-1] for order in orders] if count % 2 else orders
+    return orders + [order[::-1] for order in orders] if count % 2 and count > 1 else orders  # one method: one order
 
 
 def order_coverage(count: int, turns: int) -> str:
     """What ``turns`` turns of ``count`` methods make of balanced_orders' cycle, for a benchmark's header: the
     balance holds over whole cycles only (``bench-batch`` takes one turn per repetition, so 3 repetitions of 6
     cells run half a cycle; ``bench`` one per input and repetition, so one partial cycle among many whole ones)."""
-    cycle = len(balanced_orders(count)) if count > 1 else 1  # one method: any number of turns is balanced
+    cycle = len(balanced_orders(count))
     full, rest = divmod(turns, cycle)
     whole = f"{_counted(full, 'full cycle')} of {_counted(cycle, 'turn')}"
     if not rest:

@@ -73,6 +73,7 @@ def test_a_header_says_not_fully_balanced_exactly_where_the_turns_taken_are_not(
         assert ("not fully balanced" not in order_coverage(count, turns)) == balanced, (count, turns)
     assert order_coverage(6, 3) == "balanced orders, 3 of a cycle's 6 turns: not fully balanced"
     assert order_coverage(3, 12) == "balanced orders, 2 full cycles of 6 turns"
+    assert order_coverage(1, 3) == "balanced orders, 3 full cycles of 1 turn"  # one method: one order, any turns
 
 
 def assert_speeds_follow_the_timings(rows: dict) -> None:
