@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -117,7 +118,8 @@ class Scheduler:
         free = list(range(self.policy.batch_size))[::-1]
         active: list[_Row] = []
         outputs: list[DecodeOutput | None] = [None] * len(requests)
-        step = self._step_drafts if self.config.method in DRAFTING_METHODS else self._step_one_model
+        plain = partial(self._plain_step, self.large if self.config.method == "large" else self.small)
+        step = self._step_drafts if self.config.method in DRAFTING_METHODS else plain  # large/small: one token a pass
         while queue or active:
             joining = []
             # Newcomers join in groups (one encoder pass for all), unless the queue is nearly empty.
@@ -130,11 +132,8 @@ class Scheduler:
                 active.sort(key=lambda row: row.slot)  # rows in slot order: engines read consecutive slots in place
             for row in step(active):  # rows that finished this round
                 row.stats.output_tokens = row.produced()
-                outputs[row.request] = DecodeOutput(
-                    tokens=self.sequence[row.slot, row.start : row.length].tolist(),
-                    stats=row.stats,
-                    seconds=time.perf_counter() - row.joined,
-                )
+                outputs[row.request] = DecodeOutput(tokens=self.sequence[row.slot, row.start : row.length].tolist(),
+                                                    stats=row.stats, seconds=time.perf_counter() - row.joined)
                 active.remove(row)
                 free.append(row.slot)
                 for engine in (self.small, self.large):
@@ -196,18 +195,19 @@ class Scheduler:
 
     # --- plain decoding with one model ----------------------------------------------------------
 
-    def _step_one_model(self, active: list[_Row]) -> list[_Row]:
-        """large/small: every active row gets one token from one forward pass."""
-        engine = self.large if self.config.method == "large" else self.small
-        writer = self.config.method
-        logits = engine.forward(self._feed(engine, active, [1] * len(active)))[:, 0]  # [R, V]
-        tokens = self._choose(self._probs(logits), active) if self.config.do_sample else greedy(logits)
+    def _plain_step(self, engine: Engine, rows: list[_Row]) -> list[_Row]:
+        """One token for each row from one forward pass of ``engine``: its argmax, or a sample from the row's
+        own stream. Plain ``large``/``small`` decoding, and a drafting method's rounds where every row's window
+        is 0. Returns the rows that finished."""
+        logits = engine.forward(self._feed(engine, rows, [1] * len(rows)))[:, 0]  # [R, V]
+        tokens = self._choose(self._probs(logits), rows) if self.config.do_sample else greedy(logits)
+        by_large = engine is self.large
         finished = []
-        for row, token in zip(active, tokens.tolist()):
+        for row, token in zip(rows, tokens.tolist()):
             self.sequence[row.slot, row.length] = token
             row.length += 1
-            setattr(row.stats, f"{writer}_tokens", row.produced())
-            setattr(row.stats, f"{writer}_calls", row.produced())
+            row.stats.count_plain_step(by_large)
+            row.window, row.waiting = None, False
             if token in self.eos_ids or row.produced() >= row.budget:
                 finished.append(row)
         return finished
@@ -216,6 +216,13 @@ class Scheduler:
 
     def _step_drafts(self, active: list[_Row]) -> list[_Row]:
         self._open_windows(active)
+        if all(row.window == 0 for row in active):  # plain large steps only: the Python of `large`'s own step
+            started = time.perf_counter()
+            finished = self._plain_step(self.large, active)
+            if self.draft_length is not None:  # as _verify_group reports a round of windows 0
+                self.draft_length.verified(len(active), time.perf_counter() - started, calls=0, drafts=0, kept=0,
+                                           rejections=0, made=len(active))
+            return finished
         waiting = [row for row in active if row.waiting]
         drafting = [row for row in active if not row.waiting]
         if waiting and (not drafting or len(waiting) >= self.policy.verify_share * len(active)):
@@ -267,10 +274,7 @@ class Scheduler:
         """One small-model step for each drafting row: a draft, or a fallback (sampling, cascades)."""
         logits = self.small.forward(self._feed(self.small, rows, [1] * len(rows)))[:, 0]  # [R, V]
         probs = self._probs(logits)
-        if self.use_fallback:
-            unsure = fallback(probs, self.config.fallback_threshold).tolist()
-        else:
-            unsure = [False] * len(rows)
+        unsure = fallback(probs, self.config.fallback_threshold).tolist() if self.use_fallback else [False] * len(rows)
         sure = [i for i, flag in enumerate(unsure) if not flag]
         # Only rows that keep a draft draw from their random stream, as they would alone.
         if len(sure) == len(rows):

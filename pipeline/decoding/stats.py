@@ -26,6 +26,15 @@ class DecodeStats:
     deferrals: int = 0  # cascade: drafted positions its deferral rule sent to the large model
     plain_steps: int = 0  # large-model steps taken without drafting (a window of 0: decoding.adaptive_draft)
 
+    def count_plain_step(self, by_large: bool) -> None:
+        """A token from one step of one model, without drafting."""
+        if by_large:
+            self.large_tokens += 1
+            self.large_calls += 1
+        else:
+            self.small_tokens += 1
+            self.small_calls += 1
+
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 

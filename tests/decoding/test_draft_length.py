@@ -84,12 +84,16 @@ def test_a_window_of_zero_is_a_plain_large_step_and_is_counted():
     config = DecodingConfig(method="bild", rollback_threshold=0.0, max_new_tokens=MAX_NEW)
     small = pair.engine("small", 3)
     admitted_before = small.admit_seconds
-    outputs = run(pair, config, 3, ScriptedWindows(10, windows=(0,)))
+    chooser = ScriptedWindows(10, windows=(0,))
+    outputs = run(pair, config, 3, chooser)
     assert small.admit_seconds == admitted_before  # rows join the small engine on their first draft only
     for out in outputs:
         s = out.stats
         assert s.small_calls == s.small_tokens == s.draft_tokens == 0
         assert s.plain_steps == s.large_calls == s.large_tokens == s.output_tokens
+    # The chooser times every plain round as a verification that made one token per row (its epochs' rates).
+    assert chooser.made == sum(out.stats.output_tokens for out in outputs)
+    assert chooser.large_cost.n == len(chooser.chosen) and chooser.small_calls == chooser.drafts == 0
 
 
 # The negative control once in make test-fast (on T5), on both families in make test.
