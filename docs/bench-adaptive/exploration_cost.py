@@ -7,7 +7,8 @@ from pipeline.decoding import DecodingConfig, Generator
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, Scheduler, scheduler_for
 
 M = "models/demo-de-en"; S = "../shared/data/multi30k"
-B, PAIRS = 8, int(sys.argv[1]) if len(sys.argv) > 1 else 40
+PAIRS = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 8  # batch size
 pair, texts, _ = _bench_inputs(f"{M}/small-aligned", f"{M}/large", "float32", "cpu", 1, "onnx",
                                f"{S}/test_2016_flickr.de", None, 96, None, quantize="int8")
 base = dict(fallback_threshold=0.4, rollback_threshold=1.0, max_draft_tokens=10, max_new_tokens=64)
