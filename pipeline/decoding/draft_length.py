@@ -31,7 +31,8 @@ else *draining*) gives one sample of their ratio: neighbours share the machine's
 speed drifts by a quarter over seconds), as the benchmarks' interleaved repetitions do. The arms alternate
 for the first samples; then the arm the samples put ahead is played, and the other is tried again now and
 then, the further behind the more rarely, so that trying costs about ``EXPLORE_GAP / EXPLORE_EVERY`` of the
-time whatever the gap.
+time whatever the gap; a try waits for an epoch it can be paired with (one that played the arm ahead as full a
+batch), so that none is spent for nothing.
 
 Whatever the window, every invariant holds: greedy speculative and BiLD with alpha_RB = 0 return the
 large model's tokens, sampling keeps its distribution. Only lossy settings (BiLD's rollback threshold,
@@ -167,7 +168,10 @@ class DraftLength:
             behind = math.expm1(min(abs(ratio.log_gain), 10.0))  # how far the other arm is behind (capped)
             # Counted from the last try (not epochs % every: the gap, and so `every`, moves with each sample)
             self.untried += 1
-            try_behind = self.untried >= round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
+            # A try is a sample only beside the epoch just closed, if that played the arm ahead as full a batch;
+            # else it waits (demo pair, batch 8: a try as the batch drained, after a full epoch, paired with nothing)
+            pairs = self._previous is not None and self._previous[:2] == (full, drafting_ahead)
+            try_behind = pairs and self.untried >= round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
             if try_behind:
                 self.untried = 0
             play_drafting = drafting_ahead != try_behind

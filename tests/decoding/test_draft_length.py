@@ -239,6 +239,31 @@ def test_a_draining_batch_goes_by_what_the_full_batch_measured():
     assert chooser.choose(2) == 0
 
 
+def test_the_arm_behind_is_tried_only_where_the_try_can_be_paired():
+    """A try is a sample only beside an epoch that played the arm ahead with the batch as full. When the batch
+    turns from full to draining, the epoch just closed was a full one: a try there would pair with nothing (the
+    demo pair at batch 8, whose draining tails last about an epoch), so it waits for the next draining epoch."""
+    clock = Clock()
+    chooser = measured(**GPU_LIKE, rows=8, clock=clock)
+
+    def epoch(rows: int, drafting_speed: float = 0.7) -> int:
+        window = chooser.choose(rows)
+        clock.now += 1.01 * EPOCH_SECONDS * (1.0 / drafting_speed if window else 1.0)  # an epoch is a round
+        chooser.made += 100
+        return window
+
+    while chooser.ratios.get(True) is None or chooser.ratios[True].samples < FIRST_RATIOS:
+        epoch(8)
+    while epoch(8) > 0:  # until the full batch plays a plain epoch
+        pass
+    chooser.untried = 10**6  # a try long overdue
+    assert epoch(2) == 0  # draining now: the epoch just closed was a full one, so no try
+    assert epoch(2) > 0  # next to a draining plain epoch: the try
+    samples = chooser.ratios.get(False, None)
+    epoch(2)
+    assert chooser.ratios[False].samples == (samples.samples if samples else 0) + 1  # and it gave a sample
+
+
 def test_an_arm_far_behind_is_tried_rarely():
     """Trying an arm 3x behind every EXPLORE_EVERY epochs would cost 25% of the time; it is tried so rarely
     that trying costs about as much as trying an arm just EXPLORE_GAP behind."""
