@@ -154,7 +154,7 @@ class DraftLength:
     def _epoch_window(self, rows: int) -> int:
         if self.small_cost.predict(rows) is None or self.large_cost.predict(rows) is None or not self.small_calls:
             return self.most
-        rates = self.rates(rows)  # once per epoch: ~25 us for the 11 windows of the default
+        rates = self.rates(rows)  # all windows in one pass: an epoch's choice ~20 us, against ~100 us window by window
         modelled = self._modelled(rates)
         drafting_window = modelled or max(range(1, self.most + 1), key=rates.__getitem__)
         full = 2 * rows > self.slots

@@ -259,9 +259,9 @@ def test_the_arm_behind_is_tried_only_where_the_try_can_be_paired():
     chooser.untried = 10**6  # a try long overdue
     assert epoch(2) == 0  # draining now: the epoch just closed was a full one, so no try
     assert epoch(2) > 0  # next to a draining plain epoch: the try
-    samples = chooser.ratios.get(False, None)
+    draining_samples = chooser.ratios[False].samples if False in chooser.ratios else 0
     epoch(2)
-    assert chooser.ratios[False].samples == (samples.samples if samples else 0) + 1  # and it gave a sample
+    assert chooser.ratios[False].samples == draining_samples + 1  # and it gave a sample
 
 
 def test_an_arm_far_behind_is_tried_rarely():
