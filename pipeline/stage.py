@@ -13,17 +13,21 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline.decoding import BatchPolicy, DecodingConfig, GenerationResult, Generator, ModelPair, ModelSpec
-from pipeline.decoding.ct2_generator import CT2Generator
+from pipeline.decoding.config import BatchPolicy, DecodingConfig, ModelSpec
+from pipeline.decoding.stats import GenerationResult
 from pipeline.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.io.segments import Unit, decode_records, documents_of, unit_key
 from pipeline.metrics import quality as q
 from pipeline.metrics.interleaving import balanced_orders
+
+if TYPE_CHECKING:
+    from pipeline.decoding import Generator, ModelPair
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
 DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document, beside its text
@@ -95,6 +99,11 @@ class DecodeStage:
     def _decoder(self, models: ModelSpec, config: DecodingConfig):
         """A Generator over the actor's model pair on that engine (loaded once), or a CT2Generator where
         the engine is ct2; either's engine_kind and quantize are what the output's columns say ran."""
+        # Imported here, in the actor: a job's driver imports this module for the class alone, and torch with
+        # transformers' model loading took 3 of its 4 s of imports, all before Ray started.
+        from pipeline.decoding import Generator, ModelPair
+        from pipeline.decoding.ct2_generator import CT2Generator
+
         if models.engine == "ct2":
             return CT2Generator(models, config, threads=max(1, self.spec.torch_threads))
         if models.engine not in self._pairs:

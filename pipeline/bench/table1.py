@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from pipeline.bench.cost import cost_model
 from pipeline.bench.harness import bleu_line, interleave, markdown_table
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, load_model
-from pipeline.decoding.models import check_tokenizers_match
+from pipeline.decoding.pair_check import check_tokenizers_match
 from pipeline.decoding.stats import DecodeStats
 from pipeline.jobs.files import read_mapping
 from pipeline.metrics.quality import signatures, translation_scores

@@ -5,14 +5,13 @@ from __future__ import annotations
 import string
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from pipeline.decoding.config import DecodingConfig
 from pipeline.decoding.models import ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, decode_batch
-from pipeline.decoding.stats import DecodeOutput, DecodeStats
+from pipeline.decoding.stats import DecodeOutput, GenerationResult
 
 ONE_AT_A_TIME = BatchPolicy(batch_size=1)
 
@@ -80,39 +79,6 @@ def output_flags(tokens: Sequence[int], prediction: str | None, *, max_new_token
     return {"stopped_by_budget": is_stopped_by_budget(tokens, max_new_tokens, eos_ids),
             "repetition": is_repetition(tokens, prediction, eos_ids,
                                         lambda unit: tokenizer.decode(unit, skip_special_tokens=True))}
-
-
-@dataclass
-class GenerationResult:
-    """One record's outcome. ``to_record()`` gives the DESIGN.md §2 columns it owns."""
-
-    prediction: str | None
-    error: str | None
-    method: str
-    input_tokens: int = 0
-    truncated: bool = False
-    latency_ms: float = 0.0
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    token_ids: list[int] = field(default_factory=list)
-    # The row's flags (output_flags, unknown_token_count); None where they cannot be known (an error row:
-    # no output; unknown_tokens also without an encoded input).
-    stopped_by_budget: bool | None = None
-    repetition: bool | None = None
-    unknown_tokens: int | None = None
-
-    def to_record(self) -> dict:
-        return {
-            "prediction": self.prediction,
-            "error": self.error,
-            "method": self.method,
-            "input_tokens": self.input_tokens,
-            "truncated": self.truncated,
-            **self.stats.to_dict(),
-            "latency_ms": self.latency_ms,
-            "stopped_by_budget": self.stopped_by_budget,
-            "repetition": self.repetition,
-            "unknown_tokens": self.unknown_tokens,
-        }
 
 
 class InputError(ValueError):

@@ -1,5 +1,7 @@
 """What decoding one record produced: its tokens and its per-record counters (DESIGN.md §2),
-and the BiLD rates read from them — defined here once for records, runs and benchmarks alike."""
+and the BiLD rates read from them — defined here once for records, runs and benchmarks alike —
+and the record's outcome as its output row's columns (GenerationResult). Torch-free: a job's driver
+reads these without loading a model library."""
 
 from __future__ import annotations
 
@@ -122,3 +124,36 @@ class DecodeOutput:
     tokens: list[int]  # generated ids, EOS included when generated; no prompt, no start token
     stats: DecodeStats = field(default_factory=DecodeStats)
     seconds: float = 0.0  # the record's time in the scheduler, from joining to leaving
+
+
+@dataclass
+class GenerationResult:
+    """One record's outcome. ``to_record()`` gives the DESIGN.md §2 columns it owns."""
+
+    prediction: str | None
+    error: str | None
+    method: str
+    input_tokens: int = 0
+    truncated: bool = False
+    latency_ms: float = 0.0
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    token_ids: list[int] = field(default_factory=list)
+    # The row's flags (output_flags, unknown_token_count); None where they cannot be known (an error row:
+    # no output; unknown_tokens also without an encoded input).
+    stopped_by_budget: bool | None = None
+    repetition: bool | None = None
+    unknown_tokens: int | None = None
+
+    def to_record(self) -> dict:
+        return {
+            "prediction": self.prediction,
+            "error": self.error,
+            "method": self.method,
+            "input_tokens": self.input_tokens,
+            "truncated": self.truncated,
+            **self.stats.to_dict(),
+            "latency_ms": self.latency_ms,
+            "stopped_by_budget": self.stopped_by_budget,
+            "repetition": self.repetition,
+            "unknown_tokens": self.unknown_tokens,
+        }

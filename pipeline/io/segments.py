@@ -103,8 +103,7 @@ def join_results(document: Document, results: Sequence, method: str):
     """One record's GenerationResult from its sentences' (in order): the prediction is the document with
     each sentence translated in its place, the counters and latency are sums, a flag is set where any
     sentence's is; a sentence that failed fails the record with an error naming it."""
-    from pipeline.decoding.generator import GenerationResult
-    from pipeline.decoding.stats import DecodeStats
+    from pipeline.decoding.stats import DecodeStats, GenerationResult
 
     if len(results) != len(document.sentences):
         raise ValueError(f"{len(results)} results for {len(document.sentences)} sentences")

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
-from pipeline.decoding.generator import GenerationResult
+from pipeline.decoding.stats import GenerationResult
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.segments import Document, join_results, split_sentences
 from pipeline.jobs.schema import InputSection, JobConfig, decisive_settings
