@@ -35,7 +35,7 @@ from torch.nn.utils.rnn import pad_sequence
 from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.engine import DraftRule, Engine, Feed, padding_groups
-from pipeline.decoding.policies import Verdict, fallback, judge, model_probs
+from pipeline.decoding.policies import fallback, judge, model_probs
 from pipeline.decoding.sampling import RowSampler, choose, greedy
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
@@ -359,19 +359,16 @@ class Scheduler:
         return finished
 
     def _verdict(self, rows: list[_Row], counts: list[int], width: int, logits: torch.Tensor) -> tuple[list, ...]:
-        """The policy's verdict on these rows' drafts as lists: (accepted, rejected, next token, deferred or None)."""
+        """The method's policy (policies.judge) on these rows' drafts, as lists: (accepted, rejected, next token,
+        deferred or None)."""
         drafts = self._tokens([row.slot for row in rows], [row.length for row in rows], width)  # [R, K]
         if len(rows) > 1:  # zeros past each row's own drafts
             drafts = torch.where(torch.arange(width)[None, :] < torch.tensor(counts)[:, None], drafts, 0)
-        verdict = self._judge(rows, drafts, torch.tensor(counts), logits)
+        sampler = RowSampler([row.sampler.generators[0] for row in rows]) if self.config.do_sample else None
+        verdict = judge(self.config, drafts, torch.tensor(counts), logits, [row.draft_probs for row in rows],
+                        [row.draft_logits for row in rows], sampler)
         deferred = verdict.deferred.tolist() if verdict.deferred is not None else None
         return verdict.accepted.tolist(), verdict.rejected.tolist(), verdict.next_token.tolist(), deferred
-
-    def _judge(self, rows: list[_Row], drafts: torch.Tensor, num_drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
-        """The method's policy over the batch of waiting rows (policies.judge)."""
-        sampler = RowSampler([row.sampler.generators[0] for row in rows]) if self.config.do_sample else None
-        return judge(self.config, drafts, num_drafts, logits, [row.draft_probs for row in rows],
-                     [row.draft_logits for row in rows], sampler)
 
     # --- distributions and choices --------------------------------------------------------------
 
