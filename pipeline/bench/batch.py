@@ -27,7 +27,7 @@ from pipeline.bench.harness import (
     interleave,
     score_outputs,
 )
-from pipeline.bench.methods import ADAPTIVE, CT2
+from pipeline.bench.methods import CT2, method_of, method_windows
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
 from pipeline.metrics.interleaving import order_coverage
@@ -69,7 +69,7 @@ def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
     cells = [Cell(m, 0) for m in methods if m not in CT2]  # CTranslate2 has no record-by-record loop of ours
     for method in methods:
         for size in batch_sizes:
-            drafting = method.removesuffix(ADAPTIVE) in DRAFTING
+            drafting = method_of(method) in DRAFTING
             shares = verify_shares if drafting and size > 1 else [None]  # a share means nothing at B=1
             for share in shares:
                 cells.append(Cell(method, size, share))
@@ -83,8 +83,8 @@ def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list
     if cell.method in CT2:
         model = ct2[cell.method.removeprefix("ct2_")]
         return model.generate(ct2_inputs, config.max_new_tokens, max_batch_size=cell.batch_size)
-    method = cell.method.removesuffix(ADAPTIVE)
-    config = dataclasses.replace(config, method=method, do_sample=False, adaptive_draft=cell.method.endswith(ADAPTIVE))
+    config = dataclasses.replace(method_windows(cell.method, config), do_sample=False)
+    method = config.method
     large = pair.engine("large", max(cell.batch_size, 1)) if method != "small" else None
     before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
     engines = [pair.engine(role, max(cell.batch_size, 1)) for role in ("small", "large")

@@ -1,8 +1,19 @@
-"""The cost model: single model steps timed on this hardware, and the time a method's counted
-calls should take at those costs (measured/predicted then says how much the decode loop adds).
+"""The cost model's step costs: each engine call timed on this hardware in the regime the decoding loop
+runs it, between the records of a run (prediction.py applies them to a method's counted calls and rounds).
 
-A shared machine's speed drifts by tens of percent over minutes, so CostSampler times the steps a
-few at a time between the records of a run, in the same phases as the methods it explains.
+A call's cost depends on what ran just before it (the demo pair on an AVX-512 machine: a `large` step right
+after another costs 0.39 ms, right after an admission 0.72 ms), so each is timed where the loop runs it:
+
+- ``small_step_s``: a small-model step after another (a draft window's steps follow each other);
+- ``large_step_s``: a large-model step after another (`large`'s loop, a drafting method's plain rounds);
+- ``large_verify_s[k]``: a verification of k positions right after small-model steps (a drafting round);
+  ``verify_warm_s[k]`` the same after a large step, to show what interleaving two models costs;
+- ``cold_extra_s[role]``: what a row's first step after its admission costs over a warm one;
+- ``isolated_s[k]``: each step alone after an admission and a prefill, as this model timed them until
+  2026-12-07 (kept to show what that missed).
+
+A shared machine's speed drifts by tens of percent over minutes, so CostSampler times a few of each between
+the records of a run, in the same phases as the methods it explains.
 """
 
 from __future__ import annotations
@@ -10,7 +21,6 @@ from __future__ import annotations
 import statistics
 from functools import partial
 
-import numpy as np
 import torch
 
 from pipeline.bench.harness import timed
@@ -19,9 +29,12 @@ from pipeline.decoding.engine import Engine, Feed
 from pipeline.decoding.models import build_engine, native_unsupported_reason
 from pipeline.decoding.stats import DecodeStats
 
+SMALL_BEFORE_VERIFY = 3  # small-model steps before a timed verification (a window's worth, roughly)
+
 
 class _StepTimer:
-    """Times one engine forward (batch 1) feeding ``width`` new tokens after ``context`` cached ones."""
+    """Times one engine forward (batch 1) feeding ``width`` new tokens after ``context`` cached ones, right
+    after the row's admission and a prefill (an isolated step: ``isolated_s``)."""
 
     def __init__(self, engine: Engine, input_ids: torch.Tensor, prefix: torch.Tensor, width: int, context: int = 16):
         self.engine, self.input_ids, self.width = engine, input_ids, width
@@ -39,11 +52,46 @@ class _StepTimer:
         return seconds
 
 
+class _Row:
+    """One row held by an engine with ``context`` tokens cached; a step feeds ``width`` tokens after them and
+    is rewound, so that every step meets the same cache."""
+
+    def __init__(self, engine: Engine, input_ids: torch.Tensor, prefix: torch.Tensor, most: int, context: int = 16):
+        self.engine, self.input_ids, self.prefix = engine, input_ids, prefix
+        room = context + max(most, len(prefix))  # a warm call as wide as the first (a decoder-only prompt)
+        self.tokens = torch.cat([prefix, torch.full((room,), 5, dtype=torch.long)])[None]
+        self.cached = len(prefix) + context
+        self.admit()
+
+    def admit(self) -> float:
+        """Admit the row afresh and time its first step (the prefix, as a decode's first call); then cache
+        the context."""
+        engine, start = self.engine, len(self.prefix)
+        engine.release(0)
+        engine.admit([0], [self.input_ids])
+        first = self.tokens[:, :start]
+        _, seconds = timed(engine.device, partial(engine.forward, Feed([0], first, [0], [start], [1])))
+        rest = self.cached - start
+        engine.forward(Feed([0], self.tokens[:, start:self.cached], [start], [rest], [1]))
+        return seconds
+
+    def step(self, width: int) -> float:
+        engine, cached = self.engine, self.cached
+        feed = Feed([0], self.tokens[:, cached:cached + width], [cached], [width], [width])
+        _, seconds = timed(engine.device, partial(engine.forward, feed))
+        engine.rewind(0, cached)
+        return seconds
+
+
 def time_step(engine: Engine, input_ids: torch.Tensor, prefix: torch.Tensor, width: int, context: int = 16,
               reps: int = 20) -> float:
-    """Median seconds of one engine forward feeding `width` new tokens after `context` cached ones."""
-    timer = _StepTimer(engine, input_ids, prefix, width, context)
-    return statistics.median(timer.once() for _ in range(reps))
+    """Median seconds of one engine forward feeding ``width`` new tokens after ``context`` cached ones, each
+    right after another of the same (warm)."""
+    row = _Row(engine, input_ids, prefix, width, context)
+    row.step(width)
+    times = [row.step(width) for _ in range(reps)]
+    engine.release(0)
+    return statistics.median(times)
 
 
 class CostSampler:
@@ -52,46 +100,78 @@ class CostSampler:
     def __init__(self, pair: ModelPair, text: str, max_width: int):
         input_ids = Generator(pair, DecodingConfig()).encode(text)[0][0]
         prefix = pair.decoder_prefix(input_ids)
-        small, large = pair.engine("small", 1), pair.engine("large", 1)
-        # A large-model step is its verification of one token (k=1): timed once, read as both.
-        self.timers = {"small": _StepTimer(small, input_ids, prefix, 1)}
-        self.timers.update({k: _StepTimer(large, input_ids, prefix, k) for k in range(1, max_width + 2)})
-        self.times: dict = {key: [] for key in self.timers}
+        self.widths = range(1, max_width + 2)
+        self.rows = {role: _Row(pair.engine(role, 1), input_ids, prefix, max_width + 1) for role in ("small", "large")}
+        self.isolated = {k: _StepTimer(pair.engine("large", 1), input_ids, prefix, k) for k in self.widths}
+        self.isolated_small = _StepTimer(pair.engine("small", 1), input_ids, prefix, 1)
+        self.times: dict = {}
+
+    def _add(self, key, seconds: float) -> None:
+        self.times.setdefault(key, []).append(seconds)
 
     def sample(self) -> None:
-        for key, timer in self.timers.items():
-            self.times[key].append(timer.once())
+        """One timing of every part, each in its regime. The rows are admitted afresh (the runs' records
+        take the same slot between samples), which times their first steps."""
+        small, large = self.rows["small"], self.rows["large"]
+        for role, row in self.rows.items():
+            self._add(("cold", role), row.admit())
+        small.step(1)
+        self._add("small", small.step(1))
+        large.step(1)
+        self._add("large", large.step(1))
+        for k in self.widths:
+            large.step(1)
+            self._add(("warm", k), large.step(k))
+            for _ in range(SMALL_BEFORE_VERIFY):
+                small.step(1)
+            self._add(("verify", k), large.step(k))
+        for role, row in self.rows.items():
+            row.step(1)
+            self._add(("warm first", role), row.step(len(row.prefix)))
+        for k, timer in self.isolated.items():
+            self._add(("isolated", k), timer.once())
+        self._add("isolated small", self.isolated_small.once())
 
     def warm_up(self) -> None:
         self.sample()
-        self.times = {key: [] for key in self.timers}
+        self.times = {}
 
     def result(self) -> dict:
         median = {key: statistics.median(times) for key, times in self.times.items()}
-        verify = {key: value for key, value in median.items() if isinstance(key, int)}
-        return {"small_step_s": median["small"], "large_step_s": verify[1], "large_verify_s": verify,
-                "cost_ratio_large_over_small": verify[1] / median["small"], "samples": len(self.times["small"])}
+        by_width = lambda kind: {k: median[(kind, k)] for k in self.widths}  # noqa: E731
+        cold = {role: max(0.0, median[("cold", role)] - median[("warm first", role)]) for role in self.rows}
+        return {"small_step_s": median["small"], "large_step_s": median["large"], "large_verify_s": by_width("verify"),
+                "verify_warm_s": by_width("warm"), "isolated_s": by_width("isolated"), "cold_extra_s": cold,
+                "isolated_small_s": median["isolated small"],
+                "cost_ratio_large_over_small": median["large"] / median["small"], "samples": len(self.times["small"])}
 
 
 def cost_model(pair: ModelPair, text: str, max_width: int, reps: int = 20) -> dict:
     """The cost model timed now, ``reps`` times per step (see CostSampler to spread it over a run)."""
     sampler = CostSampler(pair, text, max_width)
+    sampler.warm_up()
     for _ in range(reps):
         sampler.sample()
     return sampler.result()
 
 
 def predict_seconds(stats: DecodeStats, cost: dict) -> float:
-    """Decoder time a method's counted calls should take (encoders excluded)."""
+    """Decoder time a method's counted calls should take at the steps' costs alone (encoders, first steps
+    and the scheduler's Python excluded: prediction.py adds them)."""
     verify = cost["large_verify_s"]
-    if stats.large_calls:
-        width = (stats.draft_tokens + stats.large_tokens) / stats.large_calls  # tokens fed per large call
-        low, high = int(np.floor(width)), int(np.ceil(width))
-        low, high = min(max(low, 1), max(verify)), min(max(high, 1), max(verify))
-        per_call = verify[low] + (verify[high] - verify[low]) * (width - low)
-    else:
-        per_call = 0.0
-    return stats.small_calls * cost["small_step_s"] + stats.large_calls * per_call
+    plain = stats.plain_steps if stats.small_calls else stats.large_calls  # `large`: every call a plain step
+    verifications = stats.large_calls - plain
+    seconds = stats.small_calls * cost["small_step_s"] + plain * cost["large_step_s"]
+    if verifications:
+        seconds += verifications * interpolate(verify, (stats.draft_tokens + verifications) / verifications)
+    return seconds
+
+
+def interpolate(by_width: dict[int, float], width: float) -> float:
+    """``by_width`` (seconds per call of each whole width) at a mean ``width``, clamped to the widths timed."""
+    width = min(max(width, min(by_width)), max(by_width))
+    low, high = int(width), min(int(width) + 1, max(by_width))
+    return by_width[low] + (by_width[high] - by_width[low]) * (width - low)
 
 
 def admission_seconds(pair: ModelPair, input_ids: torch.Tensor, roles: tuple[str, ...]) -> float:

@@ -9,12 +9,13 @@ The cost model (cost.py) then predicts each of our methods' time from its counte
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from pipeline.bench.cost import CostSampler, admission_seconds, predict_seconds, projection
+from pipeline.bench.cost import CostSampler, admission_seconds, projection
 from pipeline.bench.engines import compare_engines, render_engines
 from pipeline.bench.harness import (
     Measured,
@@ -26,6 +27,8 @@ from pipeline.bench.harness import (
     score_outputs,
 )
 from pipeline.bench.hf import hf_greedy, same_output
+from pipeline.bench.prediction import EngineTime, price_methods, render_prediction
+from pipeline.bench.rounds import RoundSampler
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 from pipeline.metrics.interleaving import order_coverage
@@ -41,12 +44,29 @@ COLUMNS = ["method", "tokens_per_s", "mean_latency_ms", "p90_latency_ms", "bleu"
            "rollbacks_per_100_tokens", "measured_over_predicted"]
 
 
-ADAPTIVE = "_adaptive"  # a method's row with decoding.adaptive_draft on (bild_adaptive, speculative_adaptive)
+# A drafting method's row name may say how its windows are chosen: `bild` runs the default (measured windows,
+# decoding.adaptive_draft on), `bild_fixed` always max_draft_tokens, `bild_adaptive` measured windows whatever
+# the default (the name earlier benchmarks used).
+FIXED, ADAPTIVE = "_fixed", "_adaptive"
 
 
-def adaptive_variants(bild: DecodingConfig) -> dict[str, DecodingConfig]:
-    """`bild` and `speculative` with each round's window chosen from measured costs (draft_length.py)."""
-    return {f"{method}{ADAPTIVE}": dataclasses.replace(bild, method=method, adaptive_draft=True, do_sample=False)
+def method_windows(name: str, config: DecodingConfig) -> DecodingConfig:
+    """The config a row named ``name`` (a method, perhaps with a FIXED or ADAPTIVE suffix) decodes with."""
+    for suffix, adaptive in ((FIXED, False), (ADAPTIVE, True)):
+        if name.endswith(suffix):
+            return dataclasses.replace(config, method=name.removesuffix(suffix), adaptive_draft=adaptive)
+    return dataclasses.replace(config, method=name)
+
+
+def method_of(name: str) -> str:
+    """The decoding method a row named ``name`` runs (its windows' suffix dropped)."""
+    return name.removesuffix(FIXED).removesuffix(ADAPTIVE)
+
+
+def fixed_variants(bild: DecodingConfig) -> dict[str, DecodingConfig]:
+    """`bild` and `speculative` with fixed windows (bild_fixed, speculative_fixed): beside the default rows,
+    what measured windows change."""
+    return {f"{method}{FIXED}": dataclasses.replace(method_windows(f"{method}{FIXED}", bild), do_sample=False)
             for method in ("bild", "speculative")}
 
 
@@ -58,14 +78,18 @@ def cascade_variants(bild: DecodingConfig, cascades: list[tuple[str, float]]) ->
             for rule, alpha in cascades}
 
 
+def our_configs(bild: DecodingConfig, variants: dict[str, DecodingConfig]) -> dict[str, DecodingConfig]:
+    """Each of our rows' decoding settings: OURS with ``bild``'s settings, then the variants."""
+    return {**{name: dataclasses.replace(bild, method=name, do_sample=False) for name in OURS}, **variants}
+
+
 def _decoder(pair: ModelPair, name: str, bild: DecodingConfig, ct2: dict | None,
              variants: dict[str, DecodingConfig]) -> Callable[[torch.Tensor], DecodeOutput]:
     """One method as input ids -> DecodeOutput (counters only for ours)."""
     limit = bild.max_new_tokens
-    if name in variants:
-        return Generator(pair, variants[name]).decode_ids
-    if name in OURS:
-        return Generator(pair, dataclasses.replace(bild, method=name, do_sample=False)).decode_ids
+    ours = our_configs(bild, variants)
+    if name in ours:
+        return Generator(pair, ours[name]).decode_ids
     if name in CT2:
         model = ct2[name.removeprefix("ct2_")]
         return lambda ids: DecodeOutput(model.generate([ids[0].tolist()], limit)[0])
@@ -77,13 +101,17 @@ def _decoder(pair: ModelPair, name: str, bild: DecodingConfig, ct2: dict | None,
 def run_methods(pair: ModelPair, encoded: list[torch.Tensor], bild: DecodingConfig, repeats: int,
                 methods: tuple[str, ...] = OURS + HF,
                 between_records: Callable[[], None] | None = None, ct2: dict | None = None,
-                variants: dict[str, DecodingConfig] | None = None) -> dict[str, Measured]:
+                variants: dict[str, DecodingConfig] | None = None,
+                engine_time: dict[str, EngineTime] | None = None) -> dict[str, Measured]:
     """Every method on every input (``encoded``: [1, S] ids on the pair's device), interleaved;
     ``between_records`` runs after each input's turn. ``ct2`` holds the CTranslate2 models
     ({"small": CT2Model, "large": ...}) the ct2_* methods run; ``variants`` more of our methods
-    under their own names (cascade_variants)."""
+    under their own names (cascade_variants); ``engine_time`` an EngineTime per method to keep its engines'
+    seconds."""
     variants = variants or {}
     decoders = {name: _decoder(pair, name, bild, ct2, variants) for name in (*methods, *variants)}
+    for name, kept in (engine_time or {}).items():
+        decoders[name] = kept.wrap(decoders[name])
     by_index = {name: (lambda index, decode=decode: decode(encoded[index])) for name, decode in decoders.items()}
     return interleave(by_index, len(encoded), repeats, pair.device, between_inputs=between_records)
 
@@ -130,32 +158,44 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     ``with_engines`` our native engine against Hugging Face's on the same pair (engines.py),
     ``variants`` rows of our methods at other settings (cascade_variants)."""
     variants = variants or {}
-    sampler = CostSampler(pair, texts[0], bild.max_draft_tokens)
-    sampler.warm_up()
     methods = OURS + HF + (CT2 if ct2 else ())
     encoder = Generator(pair, bild)
     encoded = [encoder.encode(text)[0].to(pair.device) for text in texts]  # [1, S] each
-    runs = run_methods(pair, encoded, bild, repeats, methods, between_records=sampler.sample, ct2=ct2,
-                       variants=variants)
+    configs = our_configs(bild, variants)
+    # The cost model's timings, a few between each input's turn (the same phases of the machine as the runs):
+    # engine calls by regime, and scripted records of each method on the real engines (prediction.py).
+    steps, rounds = CostSampler(pair, texts[0], bild.max_draft_tokens), RoundSampler(pair, configs, encoded[0][0])
+    steps.warm_up()
+    rounds.warm_up()
+
+    def between_records() -> None:
+        rounds.sample()  # first: its record follows the turn's last method, as each method's record follows another
+        steps.sample()
+
+    engine_time = {name: EngineTime(pair) for name in configs}
+    runs = run_methods(pair, encoded, bild, repeats, methods, between_records=between_records, ct2=ct2,
+                       variants=variants, engine_time=engine_time)
     rows = summarize_methods(pair, runs, references)
     small = pair.engine("small", 1)  # every small-model step of the runs above (and of the cost sampler)
     small_steps = {"calls": small.calls, "runtime_ms": 1000 * small.runtime_seconds / max(small.calls, 1),
                    "python_ms": 1000 * (small.forward_seconds - small.runtime_seconds) / max(small.calls, 1)}
-    cost = sampler.result()
-    ours = (*OURS, *variants)
-    stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in ours}
-    encoders = {name: sum(admission_seconds(pair, ids[0], roles) for ids in encoded)
-                for name, roles in (("large", ("large",)), ("small", ("small",)), ("both", ("large", "small")))}
+    while any(rounds.parts(config) is None for config in configs.values()):
+        rounds.sample()  # a short run: every scripted record once at least
+    cost = steps.result()
+    stats = {name: DecodeStats.total(output.stats for output in runs[name].last) for name in configs}
+    priced = price_methods(pair, configs, {name: runs[name].last for name in configs},
+                           {name: runs[name].total_seconds / repeats for name in configs}, engine_time, rounds, cost,
+                           {"run": _admissions(pair, encoded), "scripted": _admissions(pair, encoded[:1])},
+                           encoded[0][0])
     for row in rows:
-        name = row["method"]
-        if name in ours:
-            encoder = encoders[name if name in ("large", "small") else "both"]
-            row["predicted_s"] = encoder + predict_seconds(stats[name], cost)
-            row["measured_over_predicted"] = runs[name].total_seconds / repeats / row["predicted_s"]
+        if row["method"] in configs:
+            p = priced["methods"][row["method"]]
+            row["predicted_s"] = p["predicted_s"]
+            row["measured_over_predicted"] = p["measured_s"] / p["predicted_s"]
     report = {"inputs": len(texts), "repeats": repeats, "order": order_coverage(len(runs), len(texts) * repeats),
               "decoding": bild.to_dict(), **environment(pair),
               "ct2": ct2["large"].description if ct2 else None, "methods": rows, "cost_model": cost,
-              "small_steps": small_steps}
+              "small_steps": small_steps, "prediction": priced}
     if references:
         report["bleu_signature"] = signatures("translation")["bleu"]
     if with_engines:
@@ -167,16 +207,28 @@ def run_bench(pair: ModelPair, texts: list[str], references: list[str] | None, b
     return report
 
 
+def _admissions(pair: ModelPair, encoded: list[torch.Tensor]) -> dict[str, float]:
+    """Mean seconds to admit one of ``encoded``'s records by role: "large", "small" alone, and "small beside
+    large" (what admitting the small model adds where the large one was admitted: its cross-attention
+    projections alone where it shares the large model's encoder)."""
+    seconds = {name: statistics.mean(admission_seconds(pair, ids[0], roles) for ids in encoded)
+               for name, roles in (("large", ("large",)), ("small", ("small",)), ("both", ("large", "small")))}
+    return {"large": seconds["large"], "small": seconds["small"],
+            "small beside large": max(0.0, seconds["both"] - seconds["large"])}
+
+
 def render_markdown(report: dict) -> str:
     lines = [f"inputs: {report['inputs']}, repetitions: {report['repeats']} (interleaved, {report['order']}), "
              + environment_line(report), f"decoding: {report['decoding']}", ""]
     lines += dict_table(COLUMNS, report["methods"]) + bleu_line(report)
     cost = report["cost_model"]
-    sampled = f", each step timed {cost['samples']} times between the runs' records" if "samples" in cost else ""
-    lines += ["", f"Cost model (median seconds on this hardware{sampled}): "
-              f"small step {1000 * cost['small_step_s']:.3f} ms, large step {1000 * cost['large_step_s']:.3f} ms "
-              f"(ratio {cost['cost_ratio_large_over_small']:.2f}); large verification of k tokens: "
+    lines += ["", f"Cost model: each step timed {cost['samples']} times between the runs' records, in the regime "
+              f"the loop runs it (pipeline/bench/cost.py): small step {1000 * cost['small_step_s']:.3f} ms, large "
+              f"step {1000 * cost['large_step_s']:.3f} ms (ratio {cost['cost_ratio_large_over_small']:.2f}); large "
+              "verification of k tokens after small steps: "
               + ", ".join(f"k={k} {1000 * v:.3f} ms" for k, v in cost["large_verify_s"].items())]
+    if "prediction" in report:
+        lines += render_prediction(report["prediction"], cost)
     steps = report.get("small_steps")
     if steps and steps["runtime_ms"] > 0:  # an engine with one runtime call per step (onnx)
         lines += ["", f"Small-model steps ({steps['calls']}): {steps['runtime_ms']:.3f} ms in the runtime's call, "

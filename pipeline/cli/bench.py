@@ -90,14 +90,14 @@ def bench(small, large, source, reference, prompt, limit, repeats, max_new_token
     """BiLD vs large, small, speculative (and speculative cascades), HF generate, HF assisted generation
     and CTranslate2, side by side (batch 1)."""
 
-    from pipeline.bench.methods import adaptive_variants, cascade_variants, render_markdown, run_bench
+    from pipeline.bench.methods import cascade_variants, fixed_variants, render_markdown, run_bench
 
     pair, texts, references = _bench_inputs(small, large, dtype, device, threads, engine, source, reference, limit,
                                             prompt, quantize)
     config = DecodingConfig(method="bild", max_new_tokens=max_new_tokens, fallback_threshold=fallback_threshold,
                             rollback_threshold=rollback_threshold, max_draft_tokens=max_draft_tokens)
     try:
-        variants = adaptive_variants(config) | cascade_variants(
+        variants = fixed_variants(config) | cascade_variants(
             config, [(rule, alpha) for rule, alphas in cascade_grid(cascades).items() for alpha in alphas])
     except ValueError as exc:  # an alpha outside its rule's range
         raise click.BadParameter(str(exc), param_hint="--cascade") from exc
@@ -228,9 +228,10 @@ def bench_pipeline(small, large, records, repeats, job_file, overrides):
 @_bench_input_options
 @click.option("--limit", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=2, show_default=True)
-@click.option("--methods", default="large,bild,bild_adaptive,speculative", show_default=True,
-              help="Comma-separated: large, small, bild, speculative (a _adaptive suffix: decoding.adaptive_draft "
-                   "on), ct2_large, ct2_large_int8 ...")
+@click.option("--methods", default="large,bild,bild_fixed,speculative", show_default=True,
+              help="Comma-separated: large, small, bild, speculative (measured windows, the default; a _fixed suffix: "
+                   "decoding.adaptive_draft off, always --max-draft-tokens; _adaptive: on), ct2_large, "
+                   "ct2_large_int8 ...")
 @click.option("--batch-sizes", default="1,4,16,32", show_default=True)
 @click.option("--verify-shares", default="0.5", show_default=True,
               help="Comma-separated verify_share values to run for bild/speculative at batch sizes > 1.")

@@ -135,10 +135,12 @@ class DecodingConfig:
     # when the small model's confidence falls below fallback_threshold. Lossless either way.
     draft_window: DraftWindow = "fixed"
     # Each round's window from measured costs and acceptance, 0 (a plain `large` step) included, at most
-    # max_draft_tokens (draft_length.py). Off by default: the window then never depends on measured speed,
-    # so lossy methods (BiLD's rollback threshold, cascades) and sampled rows repeat exactly run to run
-    # and batch to batch (DESIGN.md §1-2); greedy speculative and BiLD with alpha_RB = 0 are exact either way.
-    adaptive_draft: bool = False
+    # max_draft_tokens (draft_length.py): on by default, so that a drafting method is never slower than `large`
+    # on the machine it runs on (DESIGN.md §1, "How many drafts"). Greedy speculative and BiLD with alpha_RB = 0
+    # return the large model's tokens whatever the windows; lossy settings (BiLD's rollback threshold, cascades,
+    # lenience) and sampled rows keep their rules but follow the windows chosen, so they repeat exactly run to
+    # run only with fixed windows (False: always max_draft_tokens).
+    adaptive_draft: bool = True
     # `cascade` only: the rule that defers a drafted position to the large model, and its alpha.
     deferral: str = "chow"  # one of DEFERRALS
     deferral_threshold: float = 0.1

@@ -37,7 +37,8 @@ batch), so that none is spent for nothing.
 Whatever the window, every invariant holds: greedy speculative and BiLD with alpha_RB = 0 return the
 large model's tokens, sampling keeps its distribution. Only lossy settings (BiLD's rollback threshold,
 a cascade, lenience) and a sampled row's random draws depend on the windows chosen, and so on measured
-speed: so it is asked for (``decoding.adaptive_draft: true``), and the configured window stays the default.
+speed. It is the default (``decoding.adaptive_draft``), so that a drafting method is never slower than
+`large` where it runs; a job whose lossy or sampled rows must repeat exactly asks for fixed windows.
 """
 
 from __future__ import annotations

@@ -110,9 +110,10 @@ class DecodingSection(_Section):
     max_draft_tokens: int = Field(default=10, ge=1)
     draft_window: Literal["fixed", "fallback"] = "fixed"
     adaptive_draft: bool = Field(
-        default=False, description="Choose each round's draft window (0 included: a plain large step) from measured "
-                                   "costs and acceptance, at most max_draft_tokens. Lossy methods and sampled rows "
-                                   "then depend on measured speed (off: they repeat exactly run to run).")
+        default=True, description="Choose each round's draft window (0 included: a plain large step) from measured "
+                                  "costs and acceptance, at most max_draft_tokens (the default: never slower than "
+                                  "large). Lossy methods and sampled rows then follow the windows chosen; false: "
+                                  "always max_draft_tokens, so that they repeat exactly run to run.")
     deferral: Literal[DEFERRALS] = Field(
         default="chow", description="cascade: the deferral rule (chow, diff, opt; docs/decoding.md).")
     deferral_threshold: float = Field(

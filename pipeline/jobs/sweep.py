@@ -152,7 +152,9 @@ def preset_yaml(point: dict, metric: str, max_drop: float, source: str) -> str:
     keys = {"bild": ("fallback_threshold", "rollback_threshold"),
             "cascade": ("deferral", "deferral_threshold", "draft_window", "fallback_threshold"),
             "speculative": ("lenience", "draft_window", "fallback_threshold")}.get(point.get("method"), ())
-    decoding = {key: point[key] for key in ("method", *keys, "max_draft_tokens") if key in point}
+    # The windows as measured (decoding.adaptive_draft): a preset runs the point as the sweep timed it.
+    windows = ("max_draft_tokens", "adaptive_draft") if keys else ()
+    decoding = {key: point[key] for key in ("method", *keys, *windows) if key in point}
     header = (f"# Chosen by `bild-pipeline tune` from {source}: the fastest point with {metric} at most "
               f"{max_drop:g} below `large`.\n# {point['point']}: {metric} {point[metric]:.2f}, "
               f"latency {point['latency_ms']:.1f} ms, speedup {point.get('speedup_vs_large') or 0:.2f}x.\n")

@@ -61,14 +61,20 @@ def test_batched_greedy_bild_without_rollback_threshold_is_each_rows_large_greed
     assert totals["small_tokens"] or small_kind == "independent", totals
 
 
+# Fixed windows: a row's rounds then do not depend on the batch it is in. Measured windows (the default) follow
+# the batch's measured speed, and with them the lossy and sampled rows' tokens and every row's counters; what
+# holds whatever the windows is in test_draft_length.py.
+FIXED = dict(adaptive_draft=False)
 CONFIGS = {
     "large": dict(method="large"),
     "small": dict(method="small"),
-    "bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=2.0, max_draft_tokens=4),
-    "speculative": dict(method="speculative", max_draft_tokens=3),
-    "speculative_fallback_window": dict(method="speculative", draft_window="fallback", fallback_threshold=0.5),
-    "bild_sampling": dict(method="bild", do_sample=True, temperature=0.9, top_p=0.95, fallback_threshold=0.5),
-    "speculative_sampling": dict(method="speculative", do_sample=True, max_draft_tokens=3),
+    "bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=2.0, max_draft_tokens=4, **FIXED),
+    "speculative": dict(method="speculative", max_draft_tokens=3, **FIXED),
+    "speculative_fallback_window": dict(method="speculative", draft_window="fallback", fallback_threshold=0.5,
+                                        **FIXED),
+    "bild_sampling": dict(method="bild", do_sample=True, temperature=0.9, top_p=0.95, fallback_threshold=0.5,
+                          **FIXED),
+    "speculative_sampling": dict(method="speculative", do_sample=True, max_draft_tokens=3, **FIXED),
 }
 
 
@@ -205,7 +211,7 @@ def test_batched_speculative_sampling_preserves_the_large_models_distribution(va
 
 def test_bad_records_in_a_batch_get_their_own_errors():
     pair = tiny_pair("t5", "noisy", 0)
-    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, **FIXED)
     texts = [INPUTS[0], "", None, INPUTS[1], "   ", INPUTS[2]]
     results = Generator(pair, config).generate(texts, seeds=[0] * 6, batch=BatchPolicy(4))
     errors = [r.error for r in results]
@@ -222,7 +228,7 @@ def test_a_failing_batch_is_retried_record_by_record(monkeypatch):
     import pipeline.decoding.generator as generator_module
 
     pair = tiny_pair("t5", "noisy", 0)
-    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, **FIXED)
     expected = alone(pair, config, INPUTS[:3], [0, 0, 0])
     assert all(r.error is None and r.token_ids for r in expected)
     real, batched = generator_module.decode_batch, []

@@ -88,8 +88,9 @@ def test_the_sampler_draws_the_cascade_target(control):
 
 
 def cascade(rule: str, alpha: float, **settings) -> DecodingConfig:
+    """Fixed windows: a cascade's tokens follow the windows, and these tests compare runs and batch sizes."""
     return DecodingConfig(method="cascade", deferral=rule, deferral_threshold=alpha, max_new_tokens=MAX_NEW,
-                          **settings)
+                          adaptive_draft=False, **settings)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +128,7 @@ def test_a_rule_that_always_defers_is_lossless_speculative_decoding(family):
     # Sampling: the target is p at every position, so the very draws of speculative sampling (whose
     # distribution tests/decoding/test_distribution.py holds to p with a chi-square test).
     sampled = dict(do_sample=True, temperature=0.7, seed=3)
-    speculative = Generator(pair, DecodingConfig(method="speculative", max_new_tokens=MAX_NEW, **sampled)).generate(TEXTS)
+    speculative = Generator(pair, DecodingConfig(method="speculative", max_new_tokens=MAX_NEW, adaptive_draft=False, **sampled)).generate(TEXTS)
     got = Generator(pair, cascade("chow", 0.0, **sampled)).generate(TEXTS)
     assert [r.token_ids for r in got] == [r.token_ids for r in speculative]
 

@@ -314,10 +314,11 @@ def step_by_step(self, rows, enough):
     return 1
 
 
-DRAFTER_CONFIGS = {"bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=1.0),
-                   "speculative": dict(method="speculative", max_draft_tokens=3),
+# Fixed windows: both drafters must meet the very same rounds (measured windows differ run to run).
+DRAFTER_CONFIGS = {"bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=1.0, adaptive_draft=False),
+                   "speculative": dict(method="speculative", max_draft_tokens=3, adaptive_draft=False),
                    "speculative_fallback_window": dict(method="speculative", draft_window="fallback",
-                                                       fallback_threshold=0.5)}
+                                                       fallback_threshold=0.5, adaptive_draft=False)}
 # Engine.draft over each engine's forward: on the native and onnx T5 engines under every config in make
 # test-fast, on Hugging Face's (GPT-2, BART) under one config there and under every config in make test.
 DRAFTER_CASES = slow_unless(

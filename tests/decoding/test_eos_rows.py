@@ -174,11 +174,11 @@ def hf_greedy(family: str) -> list[list[int]]:
     return outputs
 
 
-CONFIGS = {
+CONFIGS = {  # fixed windows: a row's rounds (and so its counters) as alone, whatever its batch
     "large": dict(method="large"),
-    "bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=2.0, max_draft_tokens=4),
-    "speculative": dict(method="speculative", max_draft_tokens=3),
-    "speculative_sampling": dict(method="speculative", do_sample=True, max_draft_tokens=3),
+    "bild": dict(method="bild", fallback_threshold=0.5, rollback_threshold=2.0, max_draft_tokens=4, adaptive_draft=False),
+    "speculative": dict(method="speculative", max_draft_tokens=3, adaptive_draft=False),
+    "speculative_sampling": dict(method="speculative", do_sample=True, max_draft_tokens=3, adaptive_draft=False),
 }
 FAST_CONFIGS = ("large", "bild", "speculative")  # make test-fast; speculative_sampling in make test
 BATCHES = [BatchPolicy(3), BatchPolicy(4, refill_share=0.5), BatchPolicy(8, verify_share=0.5)]

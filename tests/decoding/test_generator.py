@@ -109,7 +109,7 @@ def test_a_small_model_cut_from_the_large_one_shares_its_encoder_pass(engine, mo
     hooks = [model.get_encoder().register_forward_hook(lambda *args: calls.append(1)) for model in (pair.small, pair.large)]
     encode = T5Weights.encode
     monkeypatch.setattr(T5Weights, "encode", lambda *args: (calls.append(1), encode(*args))[1])
-    config = DecodingConfig(method="bild", max_new_tokens=16, fallback_threshold=0.5)
+    config = DecodingConfig(method="bild", max_new_tokens=16, fallback_threshold=0.5, adaptive_draft=False)
     shared = Generator(pair, config).generate(TEXTS)
     assert len(calls) == len(TEXTS)  # one encoder pass per record, not two
     batched = Generator(pair, config).generate(TEXTS, batch=BatchPolicy(3))

@@ -121,7 +121,7 @@ def test_cached_bild_matches_the_cache_free_reference(family, rollback_threshold
     for kind in ("independent", "noisy"):
         pair = tiny_pair(family, kind, 0, "float64")
         config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, rollback_threshold=rollback_threshold,
-                                fallback_threshold=0.3, max_draft_tokens=5)
+                                fallback_threshold=0.3, max_draft_tokens=5, adaptive_draft=False)  # the reference's windows
         generator = Generator(pair, config)
         for text in TEXTS[:3]:
             got = generator.generate_one(text)
@@ -142,7 +142,7 @@ def test_stale_cache_entries_would_be_caught(monkeypatch, family):
     pair = tiny_pair(family, "noisy", 0, "float64")
     assert pair.engine_kind == ("native" if family == "t5" else "hf")
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, rollback_threshold=2.0,
-                            fallback_threshold=0.3, max_draft_tokens=5)
+                            fallback_threshold=0.3, max_draft_tokens=5, adaptive_draft=False)
 
     def forget_to_cut(self, slot, length):
         pass  # the rejected drafts' keys and values stay cached
@@ -206,8 +206,10 @@ def test_each_encoder_runs_once_per_input(engine, monkeypatch):
 @pytest.mark.parametrize("family", ["t5", "gpt2"])
 @pytest.mark.parametrize("method", ["bild", "speculative", "large", "small"])
 def test_sampling_is_deterministic_for_a_seed(family, method):
+    """With fixed windows: a sampled row's draws follow its windows, and measured ones follow the machine."""
     pair = tiny_pair(family, "noisy", 0)
-    config = DecodingConfig(method=method, do_sample=True, temperature=1.5, top_p=0.95, max_new_tokens=MAX_NEW)
+    config = DecodingConfig(method=method, do_sample=True, temperature=1.5, top_p=0.95, max_new_tokens=MAX_NEW,
+                            adaptive_draft=False)
     generator = Generator(pair, config)
     results = generator.generate(TEXTS, seeds=[7] * len(TEXTS))
     first = [r.token_ids for r in results]

@@ -19,7 +19,7 @@ INPUTS = TEXTS + ["Ein Hund.", "Zwei Kinder spielen am Strand mit einem roten Ba
 
 def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(saved_tiny_pair):
     small, large = saved_tiny_pair
-    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5, adaptive_draft=False)
     records = pa.table({"id": [f"r{i}" for i in range(8)], "text": INPUTS, "reference": ["x"] * 8,
                         "input_error": [None] * 7 + ["unreadable"]})
     tables = {}
@@ -66,7 +66,7 @@ def test_record_by_record_the_passes_take_turns_going_first(saved_tiny_pair):
     neither always meets the caches as the other left them; the rows are what a fixed order gives."""
     small, large = saved_tiny_pair
     records = pa.table({"id": ["a", "b", "c"], "text": INPUTS[:3], "reference": ["x"] * 3, "input_error": [None] * 3})
-    bild = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5)
+    bild = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5, adaptive_draft=False)
     spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", bild),), prompt=None,
                            job_name="t", config_hash="h", baseline=DecodingConfig(method="large", max_new_tokens=MAX_NEW),
                            baseline_ids=frozenset(["a", "b", "c"]))

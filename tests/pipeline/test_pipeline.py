@@ -246,7 +246,8 @@ def test_a_sampled_record_depends_on_its_id_and_seed_not_on_where_or_when_it_ran
                                                                                  tmp_path):
     """Sampling (decoding.do_sample) seeds each record from decoding.seed and its id (stage.record_seed):
     one record at a time in input order, and in batches of 4 from shuffled shards (each job on its own
-    actor), give every record the output it gets decoded alone here; another seed changes some record's."""
+    actor), give every record the output it gets decoded alone here; another seed changes some record's. With
+    fixed windows: a sampled row's draws follow its windows, and measured ones (the default) follow the machine."""
     import random
 
     from pipeline.decoding import DecodingConfig, Generator, ModelPair
@@ -258,7 +259,7 @@ def test_a_sampled_record_depends_on_its_id_and_seed_not_on_where_or_when_it_ran
     (tmp_path / "shuffled").mkdir()
     for shard in range(4):  # the same records, in another order and in other shards
         pq.write_table(pa.Table.from_pylist(rows[shard::4]), tmp_path / "shuffled" / f"part-{shard}.parquet")
-    sampling = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 8, "seed": 7}
+    sampling = {"do_sample": True, "temperature": 1.0, "max_new_tokens": 8, "seed": 7, "adaptive_draft": False}
 
     def outputs(input_dir: str, compute: dict) -> dict[str, tuple]:
         job = make_job(saved_tiny_pair, tmp_path / input_dir, tmp_path / f"out-{input_dir}", decoding=sampling,

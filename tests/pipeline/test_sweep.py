@@ -102,6 +102,21 @@ def test_tune_writes_a_preset_that_a_job_accepts(tmp_path):
     assert "the fastest point" in out.read_text()
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_tune_keeps_the_windows_the_sweep_measured(tmp_path, adaptive):
+    """A sweep's points carry their decoding settings (run.json's sweep_points): the preset keeps how their
+    windows were chosen, so that a job runs the point as it was timed."""
+    points = [{**p, "method": "bild", "fallback_threshold": 0.4, "rollback_threshold": 3.0, "max_draft_tokens": 10,
+               "adaptive_draft": adaptive} for p in POINTS]
+    (tmp_path / "sweep.json").write_text(json.dumps({"task": "translation", "metric": "bleu", "points": points}))
+    out = tmp_path / "tuned.yaml"
+    result = CliRunner().invoke(main, ["tune", str(tmp_path / "sweep.json"), "--max-drop", "0.5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    assert yaml.safe_load(out.read_text())["decoding"]["adaptive_draft"] is adaptive
+
+
 def large_greedy_outputs(pair: tuple[str, str], texts: list[str], max_new_tokens: int) -> list[str]:
     """What the large model alone writes for each text (greedy), decoded here in the test process."""
     from pipeline.decoding import Generator, ModelPair

@@ -181,7 +181,7 @@ def sample_loop(family: str, samples: int, batch_size: int, variant: str = "fixe
     method = "small" if variant == "small_only" else "speculative"
     config = DecodingConfig(method=method, do_sample=True, max_new_tokens=LOOP_TOKENS, max_draft_tokens=LOOP_WINDOW,
                             draft_window="fallback" if variant == "fallback" else "fixed",
-                            fallback_threshold=FALLBACK[family])
+                            fallback_threshold=FALLBACK[family], adaptive_draft=False)
     kind = engine or ("native" if family == "t5" else "hf")
     if engine is not None:
         small, large = small.float(), large.float()
