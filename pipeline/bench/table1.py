@@ -27,12 +27,13 @@ HEADER = ["method", "BLEU", "speedup vs large", "small-model share", "fallbacks 
 
 
 def bild_config(preset: Path, max_new_tokens: int) -> DecodingConfig:
-    """BiLD with the thresholds (and window) of a decoding preset file."""
+    """BiLD with the thresholds (and window, and how it is chosen) of a decoding preset file."""
     chosen = read_mapping(preset, str(preset), "preset file")["decoding"]
     base = DecodingConfig(max_new_tokens=max_new_tokens)
     return dataclasses.replace(base, method="bild", fallback_threshold=chosen["fallback_threshold"],
                                rollback_threshold=chosen["rollback_threshold"],
-                               max_draft_tokens=chosen.get("max_draft_tokens", base.max_draft_tokens))
+                               max_draft_tokens=chosen.get("max_draft_tokens", base.max_draft_tokens),
+                               adaptive_draft=chosen.get("adaptive_draft", base.adaptive_draft))
 
 
 def table1_generators(models: Path, bild: DecodingConfig, engine: str, quantize: str = "none") -> dict[str, Generator]:

@@ -9,6 +9,7 @@ import sys
 import click
 
 from pipeline.cli.options import cascade_grid, floats, override_option, renamed
+from pipeline.decoding.config import METHODS
 
 verbose_option = click.option("--verbose", is_flag=True, help="Show Ray's own output.")
 
@@ -191,9 +192,11 @@ def sweep(job_file, fallback, rollback, window, cascades, leniences, overrides, 
 @click.option("--max-drop", type=float, default=0.5, show_default=True,
               help="Quality budget: at most this far below `large` on the sweep's metric.")
 @click.option("--metric", default=None, help="Metric to budget (default: the sweep's, bleu or rougeL).")
+@click.option("--method", default=None, type=click.Choice(METHODS),
+              help="Pick among this method's points only (default: any, `large` included).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
               help="Decoding preset to write, e.g. configs/decoding/demo_tuned.yaml.")
-def tune(sweep_json, max_drop, metric, out_file):
+def tune(sweep_json, max_drop, metric, method, out_file):
     """Pick the fastest sweep point within a quality budget and write it as a decoding preset."""
     from pathlib import Path
 
@@ -202,7 +205,7 @@ def tune(sweep_json, max_drop, metric, out_file):
     data = json.loads(Path(sweep_json).read_text())
     metric = metric or data["metric"]
     try:
-        point = pick_point(data["points"], metric, max_drop)
+        point = pick_point(data["points"], metric, max_drop, method)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     Path(out_file).parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ the verification pads every row to the longest tail. A row drafts at least i tok
 so the longest of B rows does with ``1 - (1 - c^i)^B``: a round makes ``sum_{i<k} (1 - (1 - c^i)^B)``
 small-model calls and verifies ``B (1 + sum_{i<=k} (1 - (1 - c^i)^B))`` positions (at B = 1 the plain
 ``sum c^i``). Both models' times come from CallCost fits of whole rounds (scheduler Python included).
-Until both fits hold, the configured window is used (it is how the fits learn).
+Until both fits hold, the configured window is used (it is how the fits learn); that epoch ends once they
+hold and is paired with nothing (its rounds also take first calls' costs).
 
 The model picks the best window k > 0; whether to draft at all is then settled by measurement, not by the
 model: fits of rounds miss what a round costs outside its two calls (the loop, rows joining), and a linear fit
@@ -25,13 +26,17 @@ of verifications misprices a one-position step. Rounds run in *epochs* of ``EPOC
 (window k) or plain (window 0), and an epoch's tokens per second is measured over its whole wall time,
 everything between its rounds included (epochs of so many rounds would not do: a drafting round makes
 several tokens, a plain one one, so trying the other arm one epoch in 8 would spend a third of the time).
-The clock stops while the scheduler is paused (between its runs), so at batch 1 an epoch spans records.
-A drafting epoch next to a plain one while the batch is as full (*full*: at least half its slots busy;
-else *draining*) gives one sample of their ratio: neighbours share the machine's phase (a shared CPU's
-speed drifts by a quarter over seconds), as the benchmarks' interleaved repetitions do. The arms alternate
-for the first samples; then the arm the samples put ahead is played, and the other is tried again now and
-then, the further behind the more rarely, so that trying costs about ``EXPLORE_GAP / EXPLORE_EVERY`` of the
-time whatever the gap; a try waits for an epoch it can be paired with (one that played the arm ahead as full a
+The clock stops while the scheduler is paused: between its runs (so at batch 1 an epoch spans records) and
+while newcomers are admitted, which both arms pay alike and which come in bursts (demo pair, batch 32: a plain
+epoch that took a burst of admissions ran at 0.55x its neighbours, and two such samples kept drafting, 0.8x
+as fast, for the rest of a run). A drafting epoch next to a plain one while the batch is as full (*full*: at
+least half its slots busy; else *draining*) gives one sample of their ratio: neighbours share the machine's
+phase (a shared CPU's speed drifts by a quarter over seconds), as the benchmarks' interleaved repetitions do.
+The arms alternate for the first samples, plain steps first (`large`'s own: the safe arm); then the arm the
+samples put ahead is played, drafting only where its gain stands a standard error above nought (``SURE``,
+the error drawn towards ``NOISE`` while the samples are few), and the other is tried again now and then, the
+further behind the more rarely, so that trying costs about ``EXPLORE_GAP / EXPLORE_EVERY`` of the time
+whatever the gap; a try waits for an epoch it can be paired with (one that played the arm ahead as full a
 batch), so that none is spent for nothing.
 
 Whatever the window, every invariant holds: greedy speculative and BiLD with alpha_RB = 0 return the
@@ -56,16 +61,26 @@ from pipeline.decoding.engine import CallCost
 # windows of 1 predicted 1-5% ahead ran behind plain steps).
 MARGIN = 1.05
 # The choice is worked out anew every this many seconds of rounds (an epoch; or when the batch turns from full
-# to draining): it costs ~0.1 ms of Python, and an epoch is long enough that rows joining (~0.3 ms each on the
-# demo pair) fall into every epoch alike, and short enough that neighbouring epochs share the machine's phase.
+# to draining): it costs ~0.02 ms of Python, and an epoch is short enough that neighbouring epochs share the
+# machine's phase.
 EPOCH_SECONDS = 0.05
 # The arms alternate until this many ratios are measured; then the arm behind is tried again every
-# EXPLORE_EVERY epochs while it is within EXPLORE_GAP, more rarely the further behind it is.
-FIRST_RATIOS = 3
-EXPLORE_EVERY = 8
+# EXPLORE_EVERY epochs while it is within EXPLORE_GAP, more rarely the further behind it is. (A third first
+# ratio, and a try every 8 epochs, cost the demo job 1-2% each through the CLI: its 150 records an actor
+# last about 40 epochs.)
+FIRST_RATIOS = 2
+EXPLORE_EVERY = 16
 EXPLORE_GAP = 0.1
 # The ratio weighs its last samples most (each earlier one this much less).
 DECAY = 0.9
+# Drafting is played only where its measured gain stands this many standard errors above 0: a wrong draft costs
+# what plain steps are ahead, and on a shared 2-core VM neighbouring epochs of a few records differ by a quarter
+# (the demo pair at batch 1 beside a second busy actor: first samples of +20% and +14% for drafting that runs
+# 0.8x, then 12 drafting epochs). Plain steps are `large`'s own: the safe arm.
+SURE = 1.0
+# Until its samples can say, a sample's spread is taken as NOISE (the log ratio of neighbouring epochs on that VM),
+# weighing as PRIOR_SAMPLES samples: two samples that agree by chance do not settle it.
+NOISE, PRIOR_SAMPLES = 0.15, 2.0
 
 
 @dataclass
@@ -73,11 +88,13 @@ class PairedRatio:
     """log(drafting tokens/s / plain tokens/s) over pairs of neighbouring epochs, recent pairs weighing most."""
 
     total: float = 0.0
+    squares: float = 0.0
     weight: float = 0.0
     samples: int = 0
 
     def add(self, log_ratio: float) -> None:
         self.total = DECAY * self.total + log_ratio
+        self.squares = DECAY * self.squares + log_ratio * log_ratio
         self.weight = DECAY * self.weight + 1.0
         self.samples += 1
 
@@ -85,18 +102,34 @@ class PairedRatio:
     def log_gain(self) -> float:
         return self.total / self.weight if self.weight else 0.0
 
+    @property
+    def spread(self) -> float:
+        """The standard error of log_gain (its samples' weights counted as so many samples), their variance
+        drawn towards NOISE**2 as if PRIOR_SAMPLES more samples had it."""
+        if not self.samples:
+            return NOISE
+        measured = max(0.0, self.squares / self.weight - self.log_gain**2)
+        variance = (self.weight * measured + PRIOR_SAMPLES * NOISE**2) / (self.weight + PRIOR_SAMPLES)
+        return math.sqrt(variance / self.weight)
+
+    @property
+    def drafting_ahead(self) -> bool:
+        """Whether drafting is ahead of plain steps beyond doubt (SURE standard errors)."""
+        return self.log_gain - SURE * self.spread >= 0
+
 
 class DraftLength:
     """Chooses each round's window in [0, ``most``]: k from measured costs and the running acceptance, and
     whether to draft at all from the measured rates of epochs that did and did not (``slots``: the batch's
     rows at most; ``clock``: the time, a test's own where given)."""
 
-    def __init__(self, most: int, slots: int = 1, min_calls: int = 16, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, most: int, slots: int = 1, min_calls: int = 4, clock: Callable[[], float] = time.perf_counter):
         self.most = most
         self.slots = slots  # the batch's rows at most
         self.clock = clock
         self._window = most  # the current epoch's window
-        self._epoch: tuple[bool, bool, float, int] | None = None  # (batch full, drafting, started, tokens then)
+        # (batch full, drafting, started, tokens then, whether it measures its arm)
+        self._epoch: tuple[bool, bool, float, int, bool] | None = None
         self._previous: tuple[bool, bool, float] | None = None  # the last epoch: (batch full, drafting, tokens/s)
         self._paused_at: float | None = None  # when the scheduler stopped, until its next round
         self._last_arm: dict[bool, bool] = {}  # batch full -> whether its last epoch drafted
@@ -136,11 +169,13 @@ class DraftLength:
         epoch, the model's best k > 0 or 0, as the measured rates say."""
         full = 2 * rows > self.slots  # at least half the slots busy (else draining)
         self._resume()
-        if self._epoch is not None and self._epoch[0] == full and self.clock() - self._epoch[2] < EPOCH_SECONDS:
-            return self._window
+        epoch = self._epoch
+        if epoch is not None and epoch[0] == full and self.clock() - epoch[2] < EPOCH_SECONDS:
+            if epoch[4] or not self._fits_hold(rows):  # the fits' epoch ends once they hold: it measures nothing
+                return self._window
         self._close_epoch()
-        self._window = self._epoch_window(rows)
-        self._epoch = (full, self._window > 0, self.clock(), self.made)
+        self._window, measured = self._epoch_window(rows)
+        self._epoch = (full, self._window > 0, self.clock(), self.made, measured)
         return self._window
 
     def modelled(self, rows: int) -> int:
@@ -152,9 +187,15 @@ class DraftLength:
         window = max(range(self.most + 1), key=rates.__getitem__)
         return window if rates[window] >= MARGIN * rates[0] else 0
 
-    def _epoch_window(self, rows: int) -> int:
-        if self.small_cost.predict(rows) is None or self.large_cost.predict(rows) is None or not self.small_calls:
-            return self.most
+    def _fits_hold(self, rows: int) -> bool:
+        return self.small_cost.predict(rows) is not None and self.large_cost.predict(rows) is not None \
+            and bool(self.small_calls)
+
+    def _epoch_window(self, rows: int) -> tuple[int, bool]:
+        """The epoch's window, and whether the epoch counts as a measurement of its arm (not while the fits
+        learn: those first rounds also take first calls' costs)."""
+        if not self._fits_hold(rows):
+            return self.most, False
         rates = self.rates(rows)  # all windows in one pass: an epoch's choice ~20 us, against ~100 us window by window
         modelled = self._modelled(rates)
         drafting_window = modelled or max(range(1, self.most + 1), key=rates.__getitem__)
@@ -162,22 +203,25 @@ class DraftLength:
         ratio = self.ratios.get(full, PairedRatio())
         if ratio.samples < FIRST_RATIOS and self.ratios.get(not full, ratio).samples >= FIRST_RATIOS:
             ratio = self.ratios[not full]  # e.g. a batch's short draining tail goes by the full batch's samples
-        if ratio.samples < FIRST_RATIOS:  # alternate, the model's arm first
-            play_drafting = not self._last_arm[full] if full in self._last_arm else bool(modelled)
+        if ratio.samples < FIRST_RATIOS:  # alternate, plain steps (`large`'s own, the safe arm) first: the fits'
+            # rounds drafted already
+            play_drafting = not self._last_arm[full] if full in self._last_arm else False
         else:
-            drafting_ahead = ratio.log_gain >= 0
-            behind = math.expm1(min(abs(ratio.log_gain), 10.0))  # how far the other arm is behind (capped)
+            drafting_ahead = ratio.drafting_ahead
+            lead = ratio.log_gain if drafting_ahead else -ratio.log_gain  # how far the arm played is ahead
+            behind = math.expm1(min(max(lead, 0.0), 10.0))  # the other arm (none where it leads, unproven)
+            every = EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP)
             # Counted from the last try (not epochs % every: the gap, and so `every`, moves with each sample)
             self.untried += 1
             # A try is a sample only beside the epoch just closed, if that played the arm ahead as full a batch;
             # else it waits (demo pair, batch 8: a try as the batch drained, after a full epoch, paired with nothing)
             pairs = self._previous is not None and self._previous[:2] == (full, drafting_ahead)
-            try_behind = pairs and self.untried >= round(EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP))
+            try_behind = pairs and self.untried >= max(1, round(every))
             if try_behind:
                 self.untried = 0
             play_drafting = drafting_ahead != try_behind
         self._last_arm[full] = play_drafting
-        return drafting_window if play_drafting else 0
+        return (drafting_window if play_drafting else 0), True
 
     def pause(self) -> None:
         """The scheduler stops (its requests are done): the epoch's clock stops until the next round, so
@@ -190,8 +234,8 @@ class DraftLength:
     def _resume(self) -> None:
         """A round after a pause: the epoch's start moves on by the time paused."""
         if self._paused_at is not None and self._epoch is not None:
-            full, drafting, started, made = self._epoch
-            self._epoch = (full, drafting, started + self.clock() - self._paused_at, made)
+            full, drafting, started, made, measured = self._epoch
+            self._epoch = (full, drafting, started + self.clock() - self._paused_at, made, measured)
         self._paused_at = None
 
     def _close_epoch(self) -> None:
@@ -199,9 +243,9 @@ class DraftLength:
         it, where that played the other arm with the batch as full, a sample of their ratio."""
         if self._epoch is None:
             return
-        full, drafting, started, made = self._epoch
+        full, drafting, started, made, measured = self._epoch
         seconds, tokens = self.clock() - started, self.made - made
-        rate = tokens / seconds if seconds > 0 and tokens > 0 else None
+        rate = tokens / seconds if seconds > 0 and tokens > 0 and measured else None
         previous, self._epoch = self._previous, None
         self._previous = (full, drafting, rate) if rate is not None else None
         if rate is not None and previous is not None and previous[:2] == (full, not drafting):

@@ -178,6 +178,10 @@ class ModelPair:
             self._draft_lengths[key] = DraftLength(config.max_draft_tokens, slots)
         return self._draft_lengths[key]
 
+    def forget_measurements(self) -> None:
+        """Drop what the window choosers measured so far: a warm-up's first calls cost what later ones do not."""
+        self._draft_lengths.clear()
+
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A request's decoder prefix [P]: the start token (encoder-decoder) or the prompt itself.
 

@@ -127,6 +127,8 @@ class Scheduler:
                 while queue and free:
                     joining.append(self._new_row(queue.popleft(), free.pop(), requests))
             if joining:
+                if self.draft_length is not None:  # its epochs compare rounds: admissions are both arms' alike
+                    self.draft_length.pause()
                 self._admit(joining, requests)
                 active.extend(joining)
                 active.sort(key=lambda row: row.slot)  # rows in slot order: engines read consecutive slots in place

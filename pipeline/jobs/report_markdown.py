@@ -124,8 +124,14 @@ def render_paired(paired: dict, method: str | None) -> str:
     return "\n".join(lines)
 
 
+# A drafting run whose measured windows were 0 for at least this share of the large model's steps stepped aside:
+# drafting could not pay there, and the result line says why.
+STEPPED_ASIDE = 0.5
+
+
 def result_line(summary: dict) -> str:
-    """The one line that states a run's result (what `make demo` ends with)."""
+    """The one line that states a run's result (what `make demo` ends with); where measured drafting stepped
+    aside, a clause says why, as a user reads a paired speed near 1x."""
     records = summary["records"]
     quality = ", ".join(f"{k} {v:.2f}" for k, v in summary["quality"].items() if isinstance(v, float))
     line = f"{records['total']} records, {records['errors']} errors, {quality or 'no references'}"
@@ -137,4 +143,9 @@ def result_line(summary: dict) -> str:
         if first:
             name, v = first
             line += f" on {paired['records']} paired records, {name} {v['delta']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}]"
+    plain = (summary.get("bild") or {}).get("plain_step_share") or 0.0
+    if plain >= STEPPED_ASIDE:
+        line += (f"; drafting stepped aside for {plain:.0%} of large's steps, measured slower here (a large model "
+                 "that sits in the CPU's cache, as the demo's does, verifies k drafts for about k of its steps: "
+                 "README, \"What it buys\")")
     return line

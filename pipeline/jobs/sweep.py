@@ -139,12 +139,16 @@ def write_sweep(table: list[dict], task: str, out_dir: str | Path, title: str) -
     return made
 
 
-def pick_point(table: list[dict], metric: str, max_drop: float) -> dict:
-    """The fastest point whose quality is at most `max_drop` below the `large` baseline's."""
+def pick_point(table: list[dict], metric: str, max_drop: float, method: str | None = None) -> dict:
+    """The fastest point (of ``method``, where given) whose quality is at most `max_drop` below the `large`
+    baseline's."""
     large = next((p for p in table if p["point"] == "large"), None)
     if large is None or metric not in large:
         raise ValueError(f"the sweep has no scored `large` point for {metric}")
-    allowed = [p for p in table if p.get(metric) is not None and p[metric] >= large[metric] - max_drop]
+    allowed = [p for p in table if p.get(metric) is not None and p[metric] >= large[metric] - max_drop
+               and (method is None or p.get("method", p["point"]) == method)]
+    if not allowed:
+        raise ValueError(f"no {method or ''} point of the sweep is within {max_drop:g} {metric} of `large`")
     return min(allowed, key=lambda p: p["latency_ms"])
 
 

@@ -137,17 +137,17 @@ def test_speculation_pays_where_a_verification_costs_about_one_step():
     """The paper's T5 pair on a GPU, or an inflated pair's weight-bound step: a step 24 ms, each more
     position 1 ms, a draft 2.5 ms."""
     chooser = measured(lambda rows: 0.0025, lambda positions: 0.024 + 0.001 * positions)
-    assert chooser.choose(1) >= 5
-    assert chooser.tokens_per_second(chooser.choose(1), 1) > 1.5 * chooser.tokens_per_second(0, 1)
+    assert chooser.modelled(1) >= 5
+    assert chooser.tokens_per_second(chooser.modelled(1), 1) > 1.5 * chooser.tokens_per_second(0, 1)
 
 
 def test_speculation_steps_aside_where_verifying_k_drafts_costs_k_steps():
     """A compute-bound large model (the demo pair at batch 32 on a CPU): every position costs the same."""
     chooser = measured(lambda rows: 0.0004 * rows, lambda positions: 0.0001 + 0.0008 * positions, rows=32)
-    assert chooser.choose(32) == 0
+    assert chooser.modelled(32) == 0
     # ... while a lone row, whose step is mostly the call's fixed cost, still drafts.
     lone = measured(lambda rows: 0.0005, lambda positions: 0.004 + 0.0002 * positions)
-    assert lone.choose(1) > 0
+    assert lone.modelled(1) > 0
 
 
 def test_a_batch_is_priced_at_its_longest_row():
@@ -158,13 +158,13 @@ def test_a_batch_is_priced_at_its_longest_row():
     with the same costs still drafts."""
     costs = dict(small_seconds=lambda rows: 0.0005, large_seconds=lambda positions: 0.004 + 0.0002 * positions,
                  kept_share=0.95, draft_share=0.6)
-    assert measured(**costs, rows=16).choose(16) == 0
-    assert measured(**costs, rows=1).choose(1) > 0
+    assert measured(**costs, rows=16).modelled(16) == 0
+    assert measured(**costs, rows=1).modelled(1) > 0
 
 
 def test_poor_acceptance_turns_drafting_off():
     chooser = measured(lambda rows: 0.0025, lambda positions: 0.024 + 0.001 * positions, kept_share=0.05)
-    assert chooser.choose(1) == 0
+    assert chooser.modelled(1) == 0
 
 
 class Clock:
@@ -189,13 +189,57 @@ def play(costs: dict, rows: int, epochs: int, drafting_speedup: float, machine_s
     chooser = measured(**costs, clock=clock)
     chosen = []
     decide = chooser._epoch_window
-    chooser._epoch_window = lambda rows: (chosen.append(decide(rows)), chosen[-1])[1]  # one window per epoch
+    chooser._epoch_window = lambda rows: (chosen.append(decide(rows)[0]), (chosen[-1], True))[1]  # one per epoch
     while len(chosen) < epochs:
         window = chooser.choose(rows)
         made = rows * (1 + window // 2)
         clock.now += made * 0.001 / (drafting_speedup if window else 1.0) / machine_speed(clock.now)
         chooser.made += made
     return chosen
+
+
+def test_the_rounds_that_teach_the_fits_are_no_sample_and_plain_steps_come_first():
+    """Until the fits hold, rounds draft the configured window; that epoch also takes first calls' costs, so it
+    is paired with nothing. Then the arms alternate from plain steps, and the first sample pairs two epochs
+    chosen by measurement."""
+    clock = Clock()
+    chooser = DraftLength(4, min_calls=2, clock=clock)
+    assert chooser.choose(1) == 4  # the fits learn
+    for positions in (1, 3, 5):
+        chooser.drafted(1, 0.001)
+        chooser.verified(positions, 0.001 * positions, calls=4, drafts=3, kept=3, rejections=0, made=4)
+    clock.now += EPOCH_SECONDS
+    assert chooser.choose(1) == 0  # plain steps first
+    chooser.made += 10
+    clock.now += EPOCH_SECONDS
+    assert chooser.choose(1) > 0
+    assert chooser.ratios == {}  # the plain epoch did not pair with the fits' one
+    chooser.made += 20
+    clock.now += EPOCH_SECONDS
+    chooser.choose(1)
+    assert chooser.ratios[True].samples == 1 and chooser.ratios[True].log_gain == pytest.approx(math.log(2))
+
+
+def test_admissions_are_not_counted_in_an_epoch():
+    """Newcomers join in bursts (continuous batching) and both arms pay their admissions alike: the chooser's
+    clock stands still while they are admitted, so that an epoch that took a burst is not measured slower."""
+    pair = tiny_pair("t5", "noisy", 0)
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW)
+    scheduler = scheduler_for(pair, config, BatchPolicy(3))
+    chooser = scheduler.draft_length = DraftLength(config.max_draft_tokens, 3)
+    paused_while_admitted = []
+    admit = scheduler.large.admit
+
+    def admitted(*args, **kwargs):
+        paused_while_admitted.append(chooser._paused_at is not None)
+        return admit(*args, **kwargs)
+
+    scheduler.large.admit = admitted
+    try:
+        scheduler.run(requests_for(pair, INPUTS))
+    finally:
+        del scheduler.large.admit  # the engine is the pair's, shared with later tests
+    assert len(paused_while_admitted) > 2 and all(paused_while_admitted)
 
 
 def drafting_share(epochs: list[int]) -> float:
@@ -205,9 +249,10 @@ def drafting_share(epochs: list[int]) -> float:
 
 def test_measured_rates_overrule_the_model_and_the_arm_behind_is_still_tried():
     """The model expects drafting to pay, but drafting epochs run at 0.9x plain ones: after a few epochs
-    of each, plain steps; drafting is tried again about one epoch in EXPLORE_EVERY."""
-    epochs = play(GPU_LIKE, rows=1, epochs=200, drafting_speedup=0.9)
-    assert [window > 0 for window in epochs[: FIRST_RATIOS + 1]] == [i % 2 == 0 for i in range(FIRST_RATIOS + 1)]
+    of each (plain steps first, the safe arm), plain steps; drafting is tried again about one epoch in
+    EXPLORE_EVERY."""
+    epochs = play(GPU_LIKE, rows=1, epochs=400, drafting_speedup=0.9)
+    assert [window > 0 for window in epochs[: FIRST_RATIOS + 1]] == [i % 2 == 1 for i in range(FIRST_RATIOS + 1)]
     assert 0.5 / EXPLORE_EVERY < drafting_share(epochs) < 2 / EXPLORE_EVERY
 
 

@@ -82,7 +82,7 @@ SCRIPTED_CONFIGS = {
 def run_scripted(name: str, batch_size: int):
     small, large = ScriptedEngine(scripted_small, batch_size), ScriptedEngine(scripted_large, batch_size)
     config = DecodingConfig(max_new_tokens=SCRIPTED_MAX_NEW, fallback_threshold=0.4, rollback_threshold=3.0,
-                            max_draft_tokens=4, **SCRIPTED_CONFIGS[name])
+                            max_draft_tokens=4, adaptive_draft=False, **SCRIPTED_CONFIGS[name])  # rows draft as scripted
     scheduler = Scheduler(small, large, config, BatchPolicy(batch_size, refill_share=0.25), frozenset({EOS}),
                           prefix_for=lambda input_ids: input_ids)  # the prompt [START, 10 + row] names the row
     outputs = scheduler.run([BatchRequest(torch.tensor([START, 10 + row])) for row in ORDER])

@@ -3,6 +3,8 @@ without Ray, and the job keys that set its batching."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 import pytest
 
@@ -77,6 +79,18 @@ def test_record_by_record_the_passes_take_turns_going_first(saved_tiny_pair):
                               ran.append(name) or decode(texts, *args, **kwargs))
     rows = stage(records).to_pylist() + stage(records.slice(0, 1)).to_pylist()
     assert ran == ["bild", "baseline", "baseline", "bild", "bild", "baseline", "baseline", "bild"]
+    stage.calls_seen, ran[:] = 0, []  # calls of two records: each call's first record goes first with each pass
+    for _ in range(4):
+        stage(records.slice(0, 2))
+    assert ran[::4] == ["bild", "baseline", "bild", "baseline"]
+    batched = DecodeStage(dataclasses.replace(spec, batch_size=2))  # a call's records decoded together: by call
+    for name, generator in batched.passes:
+        generator.generate = (lambda texts, *args, name=name, decode=generator.generate, **kwargs:
+                              ran.append(name) or decode(texts, *args, **kwargs))
+    ran[:] = []
+    for _ in range(2):
+        batched(records.slice(0, 2))
+    assert ran == ["bild", "baseline", "baseline", "bild"]
     fixed = DecodeStage(spec)
     fixed.pass_orders = [[0, 1]]
     same = ("id", "prediction", "baseline_prediction", "small_tokens", "large_tokens", "fallbacks", "rollbacks")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import runpy
 import shutil
@@ -209,7 +210,8 @@ def test_bench_adds_cascade_rows_that_decode_by_their_rule():
 
     pair = tiny_pair("t5", "noisy")
     config = DecodingConfig(method="bild", max_new_tokens=12, max_draft_tokens=4)
-    variants = cascade_variants(config, [("chow", 0.0), ("chow", 1.0), ("diff", 0.1)])
+    fixed = dataclasses.replace(config, adaptive_draft=False)  # windows as given: every rule drafts
+    variants = cascade_variants(fixed, [("chow", 0.0), ("chow", 1.0), ("diff", 0.1)])
     assert set(variants) == {"cascade_chow_a0", "cascade_chow_a1", "cascade_diff_a0.1"}
     report = run_bench(pair, TEXTS[:2], TEXTS[:2], config, repeats=1, with_projection=False, variants=variants)
     rows = {row["method"]: row for row in report["methods"]}
@@ -327,7 +329,8 @@ def test_table1_command_writes_the_papers_table(tmp_path, capsys, monkeypatch):
     shutil.copytree(small, tmp_path / "models" / "small-aligned")
     (tmp_path / "src.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
     (tmp_path / "ref.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
-    (tmp_path / "preset.yaml").write_text("decoding:\n  fallback_threshold: 0.4\n  rollback_threshold: 1.0\n")
+    (tmp_path / "preset.yaml").write_text("decoding:\n  fallback_threshold: 0.4\n  rollback_threshold: 1.0\n"
+                                          "  adaptive_draft: false\n")  # the paper's fixed windows: BiLD's columns
     args = ["--models", str(tmp_path / "models"), "--source", str(tmp_path / "src.txt"), "--reference",
             str(tmp_path / "ref.txt"), "--preset", str(tmp_path / "preset.yaml"), "--max-new-tokens", "8",
             "--out", str(tmp_path / "out"), "--threads", str(torch.get_num_threads())]  # leaves the worker's as is

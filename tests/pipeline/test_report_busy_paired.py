@@ -115,6 +115,22 @@ def test_a_job_with_a_paired_baseline_reports_speedup_quality_and_plots(ray_loca
     assert "bild" in result_line(summary) and "x the speed of large on 6 paired records" in result_line(summary)
 
 
+@pytest.mark.parametrize("plain_share, says_why", [(0.97, True), (0.5, True), (0.2, False), (None, False)])
+def test_the_result_line_says_why_where_drafting_stepped_aside(plain_share, says_why):
+    """A paired speed near 1x is read as a user reads it: where measured windows were 0 for most of the large
+    model's steps, one clause says so and why, and points to the README's table."""
+    from pipeline.jobs.report import result_line
+
+    summary = {"records": {"total": 4, "errors": 0}, "quality": {"bleu": 30.0}, "method": "bild",
+               "paired_baseline": {"label": "large", "latency_speedup": 0.99, "records": 4, "quality": {}},
+               "bild": {} if plain_share is None else {"plain_step_share": plain_share}}
+    line = result_line(summary)
+    assert line.startswith("4 records, 0 errors, bleu 30.00; bild 0.99x the speed of large")
+    assert ("drafting stepped aside" in line and "cache" in line and "README" in line) is says_why
+    if says_why:
+        assert f"for {plain_share:.0%} of large's steps" in line
+
+
 REFERENCES = ["the cat sat on the mat", "a dog runs in the park", "two men play football in the rain",
               "a woman reads a book on the bench", "children build a sandcastle at the beach",
               "a man rides his bike to work", "musicians play on the stage tonight", "the sun sets over the hills",

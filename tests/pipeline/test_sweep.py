@@ -102,6 +102,27 @@ def test_tune_writes_a_preset_that_a_job_accepts(tmp_path):
     assert "the fastest point" in out.read_text()
 
 
+def test_tune_picks_among_one_methods_points_when_asked(tmp_path):
+    """`large` itself may be the fastest point within the budget (measured windows where drafting cannot pay);
+    --method bild picks the fastest `bild` point instead, and a method without a point within it is refused."""
+    points = [{"point": "large", "method": "large", "latency_ms": 10.0, "bleu": 33.0},
+              {"point": "bild_fb0.4_rb1", "method": "bild", "latency_ms": 10.2, "bleu": 33.0,
+               "fallback_threshold": 0.4, "rollback_threshold": 1.0},
+              {"point": "bild_fb0.2_rb1", "method": "bild", "latency_ms": 10.4, "bleu": 33.1,
+               "fallback_threshold": 0.2, "rollback_threshold": 1.0}]
+    (tmp_path / "sweep.json").write_text(json.dumps({"task": "translation", "metric": "bleu", "points": points}))
+    out = tmp_path / "tuned.yaml"
+    tune = ["tune", str(tmp_path / "sweep.json"), "--max-drop", "0.5", "--out", str(out)]
+    assert CliRunner().invoke(main, tune).exit_code == 0 and "large" in out.read_text().split("decoding:")[1]
+    result = CliRunner().invoke(main, [*tune, "--method", "bild"])
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    assert yaml.safe_load(out.read_text())["decoding"]["fallback_threshold"] == 0.4
+    result = CliRunner().invoke(main, [*tune, "--method", "speculative"])
+    assert result.exit_code == 2 and "no speculative point" in result.output
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_tune_keeps_the_windows_the_sweep_measured(tmp_path, adaptive):
     """A sweep's points carry their decoding settings (run.json's sweep_points): the preset keeps how their
