@@ -150,17 +150,26 @@ class Scripter:
         return Timed(wall, [after - before for before, after in zip(clock, clock[1:])], len(clock))
 
 
+def median_round(found: list[Timed]) -> float:
+    return statistics.median(seconds for timed in found for seconds in timed.rounds)
+
+
+def besides_rounds(runs: dict[int | None, list[Timed]], small_admission: float) -> list[float]:
+    """Each scripted record's wall time less its rounds at their median (the first rounds after another method's
+    record run slower, which is the record's cost, not a round's) and less the small model's admission where
+    it drafted."""
+    return [timed.wall - timed.calls * median_round(found) - (small_admission if window else 0.0)
+            for window, found in runs.items() for timed in found]
+
+
 def parts_of(config: DecodingConfig, runs: dict[int | None, list[Timed]], drafted_position: float,
-             small_admission: float) -> dict[str, float]:
+             small_admission: float, record: float | None = None) -> dict[str, float]:
     """Seconds per part of ROUND_PARTS from scripted records of each window (``runs``; medians), a drafted
-    position's cost to a verification and the small model's admission given (measured apart)."""
-    rounds = {window: statistics.median(seconds for timed in found for seconds in timed.rounds)
-              for window, found in runs.items()}
-    # A record's wall time less its rounds at their median: the first rounds after another method's record run
-    # slower (its caches), which is the record's cost, not a round's. Every script's records, the small model's
-    # admission taken from those that drafted.
-    record = statistics.median(timed.wall - timed.calls * rounds[window] - (small_admission if window else 0.0)
-                               for window, found in runs.items() for timed in found)
+    position's cost to a verification and the small model's admission given (measured apart), and what a
+    record costs besides its rounds where given (else from these records)."""
+    rounds = {window: median_round(found) for window, found in runs.items()}
+    if record is None:
+        record = statistics.median(besides_rounds(runs, small_admission))
     parts = dict.fromkeys(ROUND_PARTS, 0.0)
     parts.update(record=record, plain=rounds[windows(config)[0]])
     if config.method in DRAFTING_METHODS:
@@ -211,4 +220,9 @@ class RoundSampler:
         runs = {window: self.runs.get((key, window)) for window in windows(key)}
         if not all(runs.values()):
             return None
-        return parts_of(key, runs, drafted_position, small_admission)
+        # What a record costs besides its rounds is the same for every method that admits it to the large model
+        # (the small model's admission aside): pooled over their scripted records, not a noisy few of one's.
+        pooled = [seconds for (other, window), found in self.runs.items()
+                  if (other.method == "small") == (key.method == "small")
+                  for seconds in besides_rounds({window: found}, small_admission)]
+        return parts_of(key, runs, drafted_position, small_admission, statistics.median(pooled))
