@@ -99,8 +99,10 @@ class DecodeStage:
         self.guard = CallGuard(spec.in_flight_registry, self.worker)
         for _, generator in self.passes:  # first-call set-up must not count as a record's latency
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
-        for pair in self._pairs.values():  # ... nor as what the window choosers measure
-            pair.forget_measurements()
+        for pair in self._pairs.values():  # ... nor as what the window choosers measure: they learn what rounds
+            pair.forget_measurements()  # cost from scripted ones instead, before the first record
+        for _, generator in self.passes:
+            generator.calibrate(self.batch_policy)
 
     def _decoder(self, models: ModelSpec, config: DecodingConfig):
         """A Generator over the actor's model pair on that engine (loaded once), or a CT2Generator where

@@ -1,10 +1,10 @@
 """What the decoding loop's rounds cost, measured by running the method's own scheduler on scripted records.
 
-A scripted engine answers every call with logits that say what the script wants (a draft the other model
-keeps), so a record runs exactly the rounds asked for: windows of 0 (plain large steps), 1 or
-``max_draft_tokens``. Beside the script it may run the real engine's call on the same feed, whose answer it
-drops: the call then costs what it costs in the loop, with the scheduler's Python between the calls, the
-other model's calls and the admissions around it, each leaving the caches as the loop leaves them.
+A scripted record (pipeline/decoding/scripted.py: every draft kept) runs exactly the rounds asked for: windows
+of 0 (plain large steps), 1 or ``max_draft_tokens``. Beside the script the real engines run the same calls,
+whose answers are dropped: each call then costs what it costs in the loop, with the scheduler's Python between
+the calls, the other model's calls and the admissions around it, each leaving the caches as the loop leaves
+them.
 
 A round is timed from one call of the round's model (the large one; the small one for `small` alone) to the
 next, so a record gives many rounds and their median; what a record costs besides its rounds (its admission,
@@ -32,9 +32,7 @@ import time
 import torch
 
 from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
-from pipeline.decoding.draft_length import DraftLength
-from pipeline.decoding.engine import Engine, Feed
-from pipeline.decoding.scheduler import Scheduler
+from pipeline.decoding.scripted import Windows, scripted_scheduler
 from pipeline.decoding.stats import DecodeStats
 
 # What a record's decode is made of: the record itself (admission of the large model, its first step, the
@@ -51,59 +49,6 @@ def round_counts(method: str, stats: DecodeStats, records: int, drafted_records:
         return [records, 0, stats.large_calls + stats.small_calls, 0, 0, 0]
     return [records, drafted_records, stats.plain_steps, stats.small_calls, stats.large_calls - stats.plain_steps,
             stats.draft_tokens]
-
-
-class Scripted(Engine):
-    """An engine whose answers follow a script: each call's logits come from ``answers`` (a cycle of [V]
-    rows, one per call), and the real ``engine``, where given, runs the same call beside it."""
-
-    kind = "scripted"
-
-    def __init__(self, answers: list[torch.Tensor], engine: Engine | None = None):
-        super().__init__(engine.slots if engine is not None else 1)
-        self.answers, self.engine = itertools.cycle(answers), engine
-        self.called_at: list[float] = []  # when each call began (a round's clock)
-
-    def admit(self, slots, input_ids, encoded=None):
-        for slot in slots:
-            self.lengths[slot] = 0
-        return self.engine.admit(slots, input_ids, encoded) if self.engine is not None else None
-
-    def forward(self, feed: Feed) -> torch.Tensor:
-        self.called_at.append(time.perf_counter())
-        if self.engine is not None:
-            self.engine.forward(feed)
-        for slot, position, count in zip(feed.slots, feed.positions, feed.counts):
-            self.lengths[slot] = position + count
-        self.calls += 1
-        return next(self.answers).expand(len(feed.slots), max(feed.reads), -1).clone()
-
-    def rewind(self, slot: int, length: int) -> None:
-        super().rewind(slot, length)
-        if self.engine is not None:
-            self.engine.rewind(slot, length)
-
-    def release(self, slot: int) -> None:
-        super().release(slot)
-        if self.engine is not None:
-            self.engine.release(slot)
-
-    def _admit(self, slots, input_ids, encoded):  # admit() above does it all
-        return None
-
-    def _forward(self, feed: Feed) -> torch.Tensor:  # forward() above does it all
-        raise NotImplementedError
-
-
-class _Windows(DraftLength):
-    """The chooser's bookkeeping (what a drafting method's rounds report to it), with the window given."""
-
-    def __init__(self, window: int, most: int):
-        super().__init__(most)
-        self.window = window
-
-    def choose(self, rows: int) -> int:
-        return self.window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,27 +71,17 @@ class Scripter:
     that compute nothing."""
 
     def __init__(self, pair, config: DecodingConfig, input_ids: torch.Tensor, timed: bool):
-        vocabulary = pair.large.get_output_embeddings().weight.shape[0]
-        token = next(t for t in range(3, vocabulary) if t not in pair.eos_token_ids)
-        self.sure = torch.full((vocabulary,), -20.0)
-        self.sure[token] = 20.0
         self.pair, self.config, self.input_ids, self.timed = pair, config, input_ids, timed
 
     def run(self, window: int | None) -> Timed:
         """One record of BUDGET tokens in rounds of ``window``."""
-        config, pair = self.config, self.pair
-        real = {role: pair.engine(role, 1) if self.timed else None for role in ("small", "large")}
-        small = None if config.method == "large" else Scripted([self.sure], real["small"])
-        large = None if config.method == "small" else Scripted([self.sure], real["large"])
-        settings = dataclasses.replace(config, max_new_tokens=BUDGET, do_sample=False, adaptive_draft=False)
-        chooser = None if window is None else _Windows(window, config.max_draft_tokens)
-        scheduler = Scheduler(small, large, settings, BatchPolicy(1), pair.eos_token_ids, pair.decoder_prefix,
-                              device=pair.device, shares_encoder=pair.shares_encoder and self.timed,
-                              draft_length=chooser)
+        config = dataclasses.replace(self.config, max_new_tokens=BUDGET)
+        chooser = None if window is None else Windows(window, config.max_draft_tokens)
+        scheduler = scripted_scheduler(self.pair, config, BatchPolicy(1), chooser, timed=self.timed)
         started = time.perf_counter()
         scheduler.run([BatchRequest(self.input_ids)])
         wall = time.perf_counter() - started
-        clock = (large or small).called_at
+        clock = (scheduler.large or scheduler.small).called_at
         return Timed(wall, [after - before for before, after in zip(clock, clock[1:])], len(clock))
 
 

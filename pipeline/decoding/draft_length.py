@@ -17,8 +17,10 @@ the verification pads every row to the longest tail. A row drafts at least i tok
 so the longest of B rows does with ``1 - (1 - c^i)^B``: a round makes ``sum_{i<k} (1 - (1 - c^i)^B)``
 small-model calls and verifies ``B (1 + sum_{i<=k} (1 - (1 - c^i)^B))`` positions (at B = 1 the plain
 ``sum c^i``). Both models' times come from CallCost fits of whole rounds (scheduler Python included).
-Until both fits hold, the configured window is used (it is how the fits learn); that epoch ends once they
-hold and is paired with nothing (its rounds also take first calls' costs).
+Until both fits hold, the configured window is used (it is how the fits learn; an actor teaches them with
+scripted rounds before its first record instead: scripted.calibrate); that epoch ends once they hold and is
+paired with nothing (its rounds also take first calls' costs), and so are the plain epochs that follow it
+while the process settles (``SETTLING_EPOCHS``).
 
 The model picks the best window k > 0; whether to draft at all is then settled by measurement, not by the
 model: fits of rounds miss what a round costs outside its two calls (the loop, rows joining), and a linear fit
@@ -71,6 +73,16 @@ EPOCH_SECONDS = 0.05
 FIRST_RATIOS = 2
 EXPLORE_EVERY = 16
 EXPLORE_GAP = 0.1
+# Where drafting is played on fewer than SETTLED samples, plain steps are tried again the sooner the fewer there
+# are (a choice to draft on two samples is checked soon: the demo pair at batch 1 drafted for 87 of an actor's
+# 150 records on two early samples); plain steps played are not checked sooner (a try of drafting where it
+# runs 0.2x as fast, at batch 32, costs what four plain epochs make).
+SETTLED = 8
+# Once the costs are known, the first this many epochs take plain steps and are compared with nothing: a
+# process's first records still pay one-time costs (each new source length's first runtime calls), which fell
+# on whichever arm ran first (demo pair, batch 1, calibrated: an actor's first two samples put drafting ahead
+# and it drafted for 110 of its 150 records).
+SETTLING_EPOCHS = 4
 # The ratio weighs its last samples most (each earlier one this much less).
 DECAY = 0.9
 # Drafting is played only where its measured gain stands this many standard errors above 0: a wrong draft costs
@@ -135,6 +147,7 @@ class DraftLength:
         self._last_arm: dict[bool, bool] = {}  # batch full -> whether its last epoch drafted
         self.ratios: dict[bool, PairedRatio] = {}  # batch full -> drafting's measured gain over plain steps
         self.untried = 0  # epochs decided by measurement since the arm behind was last tried
+        self.settling = SETTLING_EPOCHS  # plain epochs still to play before measuring
         self.made = 0  # tokens the verifications made
         self.small_cost = CallCost(min_calls)  # a drafting round: seconds over rows drafting
         self.large_cost = CallCost(min_calls)  # a verification: seconds over positions computed
@@ -171,7 +184,7 @@ class DraftLength:
         self._resume()
         epoch = self._epoch
         if epoch is not None and epoch[0] == full and self.clock() - epoch[2] < EPOCH_SECONDS:
-            if epoch[4] or not self._fits_hold(rows):  # the fits' epoch ends once they hold: it measures nothing
+            if epoch[4] or not self._costs_known(rows):  # the fits' epoch ends once they hold: it measures nothing
                 return self._window
         self._close_epoch()
         self._window, measured = self._epoch_window(rows)
@@ -187,18 +200,24 @@ class DraftLength:
         window = max(range(self.most + 1), key=rates.__getitem__)
         return window if rates[window] >= MARGIN * rates[0] else 0
 
-    def _fits_hold(self, rows: int) -> bool:
-        return self.small_cost.predict(rows) is not None and self.large_cost.predict(rows) is not None \
-            and bool(self.small_calls)
+    def _costs_known(self, rows: int) -> bool:
+        """Whether both fits hold (learnt from the first rounds, or from scripted ones: scripted.calibrate)."""
+        return self.small_cost.predict(rows) is not None and self.large_cost.predict(rows) is not None
 
     def _epoch_window(self, rows: int) -> tuple[int, bool]:
         """The epoch's window, and whether the epoch counts as a measurement of its arm (not while the fits
         learn: those first rounds also take first calls' costs)."""
-        if not self._fits_hold(rows):
+        if not self._costs_known(rows):
             return self.most, False
-        rates = self.rates(rows)  # all windows in one pass: an epoch's choice ~20 us, against ~100 us window by window
-        modelled = self._modelled(rates)
-        drafting_window = modelled or max(range(1, self.most + 1), key=rates.__getitem__)
+        if self.settling:
+            self.settling -= 1
+            return 0, False
+        if self.small_calls:  # the acceptance measured: the model's window
+            rates = self.rates(rows)  # all windows in one pass: ~20 us an epoch, against ~100 us window by window
+            modelled = self._modelled(rates)
+            drafting_window = modelled or max(range(1, self.most + 1), key=rates.__getitem__)
+        else:  # costs known from a calibration, no draft judged yet: the configured window
+            modelled, drafting_window = 0, self.most
         full = 2 * rows > self.slots
         ratio = self.ratios.get(full, PairedRatio())
         if ratio.samples < FIRST_RATIOS and self.ratios.get(not full, ratio).samples >= FIRST_RATIOS:
@@ -210,7 +229,8 @@ class DraftLength:
             drafting_ahead = ratio.drafting_ahead
             lead = ratio.log_gain if drafting_ahead else -ratio.log_gain  # how far the arm played is ahead
             behind = math.expm1(min(max(lead, 0.0), 10.0))  # the other arm (none where it leads, unproven)
-            every = EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP)
+            every = EXPLORE_EVERY * max(1.0, behind / EXPLORE_GAP) * (min(1.0, ratio.samples / SETTLED)
+                                                                       if drafting_ahead else 1.0)
             # Counted from the last try (not epochs % every: the gap, and so `every`, moves with each sample)
             self.untried += 1
             # A try is a sample only beside the epoch just closed, if that played the arm ahead as full a batch;

@@ -11,6 +11,7 @@ import torch
 from pipeline.decoding.config import DecodingConfig
 from pipeline.decoding.models import ModelPair
 from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, decode_batch
+from pipeline.decoding.scripted import calibrate
 from pipeline.decoding.stats import DecodeOutput, GenerationResult
 
 ONE_AT_A_TIME = BatchPolicy(batch_size=1)
@@ -229,6 +230,11 @@ class Generator:
             input_ids, truncated = encoded[i]
             results[i] = self._decoded(output, input_ids, truncated, output.seconds * 1000.0)
         return results
+
+    def calibrate(self, batch: BatchPolicy) -> None:
+        """Teach the window chooser of this config what rounds cost here, before the first record (a drafting
+        method with measured windows; nothing for another): scripted.calibrate."""
+        calibrate(self.pair, self.config, batch)
 
     def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
         """Run the configured method on token ids [1, S] (encoders included): the scheduler with one row."""

@@ -17,7 +17,14 @@ import pytest
 
 import pipeline.decoding.policies as policies_module
 from pipeline.decoding import DecodingConfig
-from pipeline.decoding.draft_length import EPOCH_SECONDS, EXPLORE_EVERY, EXPLORE_GAP, FIRST_RATIOS, DraftLength
+from pipeline.decoding.draft_length import (
+    EPOCH_SECONDS,
+    EXPLORE_EVERY,
+    EXPLORE_GAP,
+    FIRST_RATIOS,
+    SETTLING_EPOCHS,
+    DraftLength,
+)
 from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
 from support.families import slow_unless
@@ -114,8 +121,10 @@ def test_speculative_sampling_with_any_windows_keeps_the_large_models_distributi
 
 def measured(small_seconds, large_seconds, kept_share=0.9, draft_share=0.95, most=10, rows=1, clock=None):
     """A DraftLength for batches of ``rows`` that has seen 20 drafting steps and 20 verifications of 1..10
-    positions per row at the given costs (seconds per call of ``rows`` rows, and of ``positions``)."""
+    positions per row at the given costs (seconds per call of ``rows`` rows, and of ``positions``), and has
+    settled (its first plain epochs played)."""
     chooser = DraftLength(most, rows) if clock is None else DraftLength(most, rows, clock=clock)
+    chooser.settling = 0
     for call in range(20):
         chooser.drafted(rows, small_seconds(rows))
         positions = rows * (1 + call % 10)
@@ -200,22 +209,26 @@ def play(costs: dict, rows: int, epochs: int, drafting_speedup: float, machine_s
 
 def test_the_rounds_that_teach_the_fits_are_no_sample_and_plain_steps_come_first():
     """Until the fits hold, rounds draft the configured window; that epoch also takes first calls' costs, so it
-    is paired with nothing. Then the arms alternate from plain steps, and the first sample pairs two epochs
-    chosen by measurement."""
+    is paired with nothing, and so are the plain epochs that follow while the process settles. Then the arms
+    alternate from plain steps, and the first sample pairs two epochs chosen by measurement."""
     clock = Clock()
     chooser = DraftLength(4, min_calls=2, clock=clock)
     assert chooser.choose(1) == 4  # the fits learn
     for positions in (1, 3, 5):
         chooser.drafted(1, 0.001)
         chooser.verified(positions, 0.001 * positions, calls=4, drafts=3, kept=3, rejections=0, made=4)
-    clock.now += EPOCH_SECONDS
-    assert chooser.choose(1) == 0  # plain steps first
+    for _ in range(SETTLING_EPOCHS):  # plain epochs while the process settles, compared with nothing
+        clock.now += 1.01 * EPOCH_SECONDS
+        assert chooser.choose(1) == 0 and not chooser._epoch[4]
+        chooser.made += 30
+    clock.now += 1.01 * EPOCH_SECONDS
+    assert chooser.choose(1) == 0 and chooser._epoch[4]  # measured now: plain steps first
     chooser.made += 10
-    clock.now += EPOCH_SECONDS
+    clock.now += 1.01 * EPOCH_SECONDS
     assert chooser.choose(1) > 0
-    assert chooser.ratios == {}  # the plain epoch did not pair with the fits' one
+    assert chooser.ratios == {}  # the plain epoch did not pair with the fits' one, nor with the settling ones
     chooser.made += 20
-    clock.now += EPOCH_SECONDS
+    clock.now += 1.01 * EPOCH_SECONDS
     chooser.choose(1)
     assert chooser.ratios[True].samples == 1 and chooser.ratios[True].log_gain == pytest.approx(math.log(2))
 
@@ -240,6 +253,26 @@ def test_admissions_are_not_counted_in_an_epoch():
     finally:
         del scheduler.large.admit  # the engine is the pair's, shared with later tests
     assert len(paused_while_admitted) > 2 and all(paused_while_admitted)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_a_calibrated_chooser_knows_the_costs_before_any_record_and_learns_the_acceptance_from_them(size):
+    """scripted.calibrate (an actor's warm-up) runs scripted rounds on the pair's real engines: the chooser's cost
+    fits hold before the first record, so its first epoch already measures (plain steps first); a script keeps
+    every draft, so what it tells of acceptance is left to the records. A config with fixed windows is left be."""
+    from pipeline.decoding.scripted import calibrate
+
+    pair = tiny_pair("t5", "noisy", 0)
+    pair.forget_measurements()
+    config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, max_draft_tokens=4)
+    calibrate(pair, config, BatchPolicy(size))
+    chooser = pair.draft_length(config, size)
+    assert chooser.small_cost.n >= chooser.small_cost.min_calls and chooser.large_cost.n >= chooser.large_cost.min_calls
+    assert chooser.small_calls == chooser.drafts == chooser.kept == chooser.made == 0
+    assert chooser.choose(size) == 0 and not chooser._epoch[4]  # no fits' epoch: the settling plain ones at once
+    fixed = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, adaptive_draft=False)
+    calibrate(pair, fixed, BatchPolicy(size))
+    assert (fixed, size) not in pair._draft_lengths
 
 
 def drafting_share(epochs: list[int]) -> float:
