@@ -58,9 +58,9 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     """Run func; input that cannot be used at all (duplicate ids, existing output, a small and large model
     that do not fit together, a resume under other settings, an output another run holds, a job larger
     than the cluster) exits with code 2; an output file that cannot be read (and is not a torn write)
-    stops the job with its message and code 1."""
+    stops the job with its message and code 1; a run whose lease another run took over stops with code 3."""
     from pipeline.decoding import IncompatiblePairError
-    from pipeline.io.lease import OutputLeaseError, OutputStoreError
+    from pipeline.io.lease import OutputLeaseError, OutputLeaseLost, OutputStoreError
     from pipeline.io.storage import InputError, OutputReadError
     from pipeline.jobs.cluster_fit import ClusterTooSmallError
     from pipeline.jobs.fingerprint import ResumeMismatchError
@@ -76,6 +76,9 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     except (OutputReadError, OutputStoreError) as exc:
         click.echo(f"{job_file}: {exc}", err=True)
         sys.exit(1)
+    except OutputLeaseLost as exc:
+        click.echo(f"{job_file}: {exc}", err=True)
+        sys.exit(3)
 
 
 @click.command()
@@ -85,11 +88,13 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
          help="Ray cluster to join, host:port (default: RAY_ADDRESS if set, else an embedded local Ray).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--verbose", is_flag=True, help="Show Ray's own output (workers' logs, Ray Data's operator tables).")
-def run(job_file, overrides, address, as_json, verbose):
+@click.option("--retry-errors", is_flag=True,
+              help="Decode again the records whose rows hold an error (output.retry_errors: true).")
+def run(job_file, overrides, address, as_json, verbose, retry_errors):
     """Run JOB_FILE: decode its input on Ray and write one output row per input id."""
     from pipeline.jobs.run import run_job
 
-    job = load_job_or_exit(job_file, overrides)
+    job = load_job_or_exit(job_file, (*overrides, "output.retry_errors=true") if retry_errors else overrides)
     summary = _exit_2_on_bad_input(job_file, run_job, job, address=address, verbose=verbose, progress=not as_json)
     click.echo(json.dumps(summary.to_dict()) if as_json else summary.to_text())
 

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
+
+# What the pipeline keeps between runs on one machine (converted checkpoints, model fingerprints).
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bild-pipeline"
 
 Method = Literal["bild", "speculative", "cascade", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]

@@ -251,19 +251,62 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
     return pa.concat_tables(tables)
 
 
-def first_row_per_key(table: pa.Table, keys: list[str]) -> tuple[pa.Table, int]:
-    """(the table with only the first row of each key, the number of later rows left out): a writer
-    task that Ray retried can leave a second row for an id."""
+def kept_rows(keys: pa.Table, errors: pa.Array | pa.ChunkedArray | None = None) -> pa.Array:
+    """The row numbers that one row per key keeps, in order: the first row of a key without an `error`, else
+    its first row. A writer task Ray retried can leave a second row for an id; a retried error row (output.
+    retry_errors) leaves a newer one that decoded."""
+    import numpy as np
     import pyarrow.compute as pc
 
+    count = keys.num_rows
+    rank = np.arange(count, dtype=np.int64)
+    if errors is not None:
+        rank += count * pc.is_valid(errors).to_numpy(zero_copy_only=False).astype(np.int64)
+    best = keys.append_column("_rank", pa.array(rank)).group_by(keys.column_names, use_threads=False).aggregate(
+        [("_rank", "min")])["_rank_min"].to_numpy()
+    return pa.array(np.sort(best % max(count, 1)))
+
+
+def one_row_per_key(table: pa.Table, keys: list[str]) -> tuple[pa.Table, int]:
+    """(the table with one row per key, as kept_rows chooses it, the number of rows left out)."""
     if not table.num_rows:
         return table, 0
-    order = pa.array(range(table.num_rows), pa.int64())
-    firsts = table.select(keys).append_column("_order", order).group_by(keys, use_threads=False).aggregate(
-        [("_order", "min")])["_order_min"]
-    if len(firsts) == table.num_rows:
+    kept = kept_rows(table.select(keys), table["error"] if "error" in table.column_names else None)
+    if len(kept) == table.num_rows:
         return table, 0
-    return table.take(pc.take(firsts, pc.sort_indices(firsts))), table.num_rows - len(firsts)
+    return table.take(kept), table.num_rows - len(kept)
+
+
+def drop_superseded_rows(fs: fsspec.AbstractFileSystem, path: str, keys: list[str]) -> int:
+    """Rewrite the output files that hold a row kept_rows leaves out (an error row decoded again, a retried
+    write's second row) without it; returns the rows dropped. Each file is written whole under another name,
+    then moved over the old one: a crash leaves it as it was, and readers keep the same rows either way."""
+    files = output_files(fs, path)
+    tables = []
+    for file in files:
+        with fs.open(file, "rb") as handle:
+            tables.append(pq.read_table(handle, columns=[*keys, "error"]))
+    if not tables:
+        return 0
+    import numpy as np
+
+    everything = pa.concat_tables(tables)
+    kept = np.zeros(everything.num_rows, dtype=bool)
+    kept[kept_rows(everything.select(keys), everything["error"]).to_numpy()] = True
+    start = 0
+    for file, table in zip(files, tables):
+        keep, start = kept[start:start + table.num_rows], start + table.num_rows
+        if keep.all():
+            continue
+        with fs.open(file, "rb") as handle:
+            whole = pq.read_table(handle)
+        if keep.any():
+            with fs.open(f"{file}.rewrite", "wb") as handle:
+                pq.write_table(whole.filter(pa.array(keep)), handle)
+            fs.mv(f"{file}.rewrite", file)
+        else:
+            fs.rm(file)
+    return int((~kept).sum())
 
 
 def write_manifest(fs: fsspec.AbstractFileSystem, path: str, manifest: dict) -> None:

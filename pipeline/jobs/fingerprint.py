@@ -2,52 +2,146 @@
 and the models' content.
 
 An output folder holds the rows of one configuration. Its manifest (run.json) records both halves
-below; a resume compares them with the job it is handed and refuses (exit 2) where they differ,
-naming each key, so that no report ever scores rows of two configurations as one.
+below (a local model folder by every byte of its files, a hub id by the commit its cache resolves to); a
+resume compares them with the job it is handed and refuses (exit 2) where they differ, naming each key, so
+that no report ever scores rows of two configurations as one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import logging
 import os
+import tempfile
 from typing import Any
 
+from pipeline.decoding.config import CACHE_ROOT
 from pipeline.jobs.schema import JobConfig, decisive_settings, settings_hash
 
 __all__ = ["ResumeMismatchError", "check_resume", "decisive_settings", "differences", "model_fingerprint",
            "models_content", "settings_hash"]
 
-_WHOLE_FILE_BYTES = 1 << 20  # files up to 1 MiB are hashed whole; larger ones by their first and last MiB
+log = logging.getLogger(__name__)
+
+# Each file's digest, kept with its size and mtime: a multi-GB checkpoint is read once per machine, not per run.
+DIGEST_CACHE = CACHE_ROOT / "file-digests.json"
+SCHEME = "sha256:"  # a local folder's fingerprint, every byte of every file; before 2026-12 there was no prefix
+_LEGACY_ENDS_BYTES = 1 << 20  # the old scheme hashed files over 1 MiB by their first and last MiB only
 
 
 def model_fingerprint(name: str) -> str:
-    """A hash of a local model folder's content (each file's name and size, small files whole, large ones by
-    their first and last MiB: cheap on multi-GB checkpoints yet changed by any retraining); "name:ID" for a
-    hub id or anything that is not a local folder."""
+    """A hash of a local model folder's content: each file's name, size and every byte ("sha256:..."); for a
+    hub id, "name:ID@COMMIT" with the revision its local cache resolves to ("name:ID" where none can be had
+    offline); "name:..." for anything else (a remote folder)."""
     if not os.path.isdir(name):
-        return f"name:{name}"
+        return f"name:{name}" + (f"@{commit}" if (commit := _hub_commit(name)) else "")
+    cache = _load_digests()
     digest = hashlib.sha256()
-    for folder, subfolders, files in sorted(os.walk(name)):
+    for path, relative in _files(name):
+        digest.update(f"{relative}\0{os.path.getsize(path)}\0".encode())
+        digest.update(bytes.fromhex(_file_digest(path, cache)))
+    _save_digests(cache)
+    return SCHEME + digest.hexdigest()[:16]
+
+
+def _files(folder: str):
+    """(path, path relative to the folder) of every file not hidden, in a fixed order."""
+    for parent, subfolders, files in sorted(os.walk(folder)):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
         for file in sorted(f for f in files if not f.startswith(".")):
-            path = os.path.join(folder, file)
-            size = os.path.getsize(path)
-            digest.update(f"{os.path.relpath(path, name)}\0{size}\0".encode())
-            with open(path, "rb") as handle:
-                if size <= _WHOLE_FILE_BYTES:
-                    digest.update(handle.read())
-                else:
-                    digest.update(handle.read(_WHOLE_FILE_BYTES))
-                    handle.seek(size - _WHOLE_FILE_BYTES)
-                    digest.update(handle.read())
+            path = os.path.join(parent, file)
+            yield path, os.path.relpath(path, folder)
+
+
+def _file_digest(path: str, cache: dict[str, list]) -> str:
+    stat, key = os.stat(path), os.path.abspath(path)
+    if cache.get(key, [None, None, None])[:2] != [stat.st_size, stat.st_mtime_ns]:
+        with open(path, "rb") as handle:
+            cache[key] = [stat.st_size, stat.st_mtime_ns, hashlib.file_digest(handle, "sha256").hexdigest()]
+    return cache[key][2]
+
+
+def _load_digests() -> dict[str, list]:
+    """{absolute path: [size, mtime in ns, sha256]}."""
+    try:
+        return json.loads(DIGEST_CACHE.read_text())
+    except (OSError, ValueError):  # none yet, unreadable, or cut off: digests are computed again
+        return {}
+
+
+def _save_digests(cache: dict[str, list]) -> None:
+    """Keep the digests of files that still exist; written whole under a temporary name, then renamed, so a
+    concurrent run reads the old cache or the new one."""
+    kept = {path: entry for path, entry in cache.items() if os.path.exists(path)}
+    handle = None
+    try:
+        DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=DIGEST_CACHE.parent, delete=False, suffix=".partial") as handle:
+            json.dump(kept, handle)
+        os.replace(handle.name, DIGEST_CACHE)
+    except OSError as exc:  # a read-only home: every run hashes again, nothing else changes
+        log.debug("cannot keep file digests in %s: %s", DIGEST_CACHE, exc)
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(handle.name)
+
+
+def _hub_commit(repo_id: str) -> str | None:
+    """The commit a hub id's local cache resolves to (its default revision), or None (not cached, not a hub id)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id, no huggingface_hub: no revision to record
+        return None
+    if not isinstance(found, str):
+        return None
+    parts = os.path.normpath(found).split(os.sep)
+    return parts[-2] if len(parts) >= 3 and parts[-3] == "snapshots" else None
+
+
+def legacy_fingerprint(name: str) -> str:
+    """The fingerprint of outputs written before SCHEME (names, sizes, small files whole, larger ones by their
+    first and last MiB), so that their resume is still checked, as weakly as it was."""
+    digest = hashlib.sha256()
+    for path, relative in _files(name):
+        size = os.path.getsize(path)
+        digest.update(f"{relative}\0{size}\0".encode())
+        with open(path, "rb") as handle:
+            if size <= _LEGACY_ENDS_BYTES:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(_LEGACY_ENDS_BYTES))
+                handle.seek(size - _LEGACY_ENDS_BYTES)
+                digest.update(handle.read())
     return digest.hexdigest()[:16]
+
+
+def _model_names(job: JobConfig) -> dict[str, str]:
+    models = job.models
+    named = {"models.small": models.small, "models.large": models.large, "models.tokenizer": models.tokenizer}
+    return {key: value for key, value in named.items() if value}
 
 
 def models_content(job: JobConfig) -> dict[str, str]:
     """{"models.small": fingerprint, "models.large": ..., "models.tokenizer": ...}, as run.json records it."""
-    models = job.models
-    named = {"models.small": models.small, "models.large": models.large, "models.tokenizer": models.tokenizer}
-    return {key: model_fingerprint(value) for key, value in named.items() if value}
+    return {key: model_fingerprint(value) for key, value in _model_names(job).items()}
+
+
+def _in_the_scheme_of(before: dict[str, str], now: dict[str, str], job: JobConfig) -> dict[str, str]:
+    """`now`, each value as an older version recorded it where `before` holds one: a folder's partial hash, a
+    hub id without its revision."""
+    names, now = _model_names(job), dict(now)
+    for key, old in before.items():
+        if key not in now or key not in names:
+            continue
+        if not old.startswith(("name:", SCHEME)) and os.path.isdir(names[key]):
+            now[key] = legacy_fingerprint(names[key])
+        elif old.startswith("name:") and "@" not in old:
+            now[key] = now[key].split("@", 1)[0]
+    return now
 
 
 class ResumeMismatchError(ValueError):
@@ -66,15 +160,18 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return found
 
 
-def check_resume(previous: dict | None, current: dict, output_path: str) -> None:
+def check_resume(previous: dict | None, current: dict, output_path: str, job: JobConfig | None = None) -> None:
     """Refuse to resume `output_path`, whose manifest is `previous`, under the configuration `current`
-    (the manifest about to be written) where any decisive setting or model content differs. A manifest
-    from before these were recorded (or none: a fresh output) is accepted."""
+    (the manifest about to be written, for `job`) where any decisive setting or model content differs. A
+    manifest from before these were recorded (or none: a fresh output) is accepted; model content an older
+    version recorded is compared as that version computed it."""
     if not previous or "decisive_settings" not in previous:
         return
+    before, now = previous.get("models_content", {}), current["models_content"]
+    if job is not None:
+        now = _in_the_scheme_of(before, now, job)
     changed = differences(previous["decisive_settings"], current["decisive_settings"])
-    changed += [f"{line} (the model's files changed)" for line in
-                differences(previous.get("models_content", {}), current["models_content"])]
+    changed += [f"{line} (the model's files changed)" for line in differences(before, now)]
     if changed:
         raise ResumeMismatchError(
             f"output.path {output_path!r} holds rows of another configuration; resuming would mix two in one "

@@ -28,6 +28,7 @@ from pipeline.io.lease import LEASE, OutputLease
 from pipeline.io.storage import (
     arrow_filesystem,
     data_path,
+    drop_superseded_rows,
     existing_rows,
     input_files,
     output_filesystem,
@@ -170,19 +171,27 @@ def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: 
     )
 
 
-def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None):
+def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None, retry_errors: bool = False):
     """(ids still to decode, {id: points already done} for partly done ids).
 
-    A job's record is done when its id is in the output; a sweep's when every point of it is."""
+    A job's record is done when its id is in the output; a sweep's when every point of it is. With
+    `retry_errors`, a row that holds an error does not count."""
+    keys = ["id"] if point_names is None else ["id", "point"]
+    rows = existing_rows(fs, path, [*keys, "error"])
+    if retry_errors and rows.num_rows:
+        retried = rows.filter(pc.is_valid(rows["error"]))["id"].unique()
+        rows = rows.filter(pc.is_null(rows["error"]))
+        if len(retried):
+            log.warning("decoding again %d record(s) whose rows hold an error (output.retry_errors)",
+                        len(pc.filter(retried, pc.invert(pc.is_in(retried, value_set=rows["id"])))))
     if point_names is None:
-        done = existing_rows(fs, path, ["id"])["id"]
+        done = rows["id"]
         if len(done) > len(done.unique()):
             log.warning("%d duplicate row(s) of ids already in %s (a retried write): each id counts once",
                         len(done) - len(done.unique()), path)
         return pc.filter(ids, pc.invert(pc.is_in(ids, value_set=done.unique()))), {}
-    pairs = existing_rows(fs, path, ["id", "point"]).to_pylist()
     by_id: dict[str, set[str]] = {}
-    for pair in pairs:
+    for pair in rows.select(keys).to_pylist():
         if pair["point"] in point_names:
             by_id.setdefault(pair["id"], set()).add(pair["point"])
     complete = pa.array([i for i, done in by_id.items() if len(done) == len(point_names)], pa.string())
@@ -207,13 +216,19 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     check_job(job, listing)
     all_ids = read_ids(job.input, listing)
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
-    with OutputLease(out_fs, out_path, url=job.output.path):
-        return _run_holding_the_lease(job, address, points, sweep, out_fs, out_path, listing, all_ids,
-                                      verbose=verbose, progress=progress, job_started=job_started)
+    with OutputLease(out_fs, out_path, url=job.output.path) as lease:
+        try:
+            return _run_holding_the_lease(job, address, points, sweep, lease, listing, all_ids,
+                                          verbose=verbose, progress=progress, job_started=job_started)
+        except KeyboardInterrupt:
+            if lease.lost is not None:  # the lease thread interrupted us: another run holds the output now
+                raise lease.lost_error() from None
+            raise
 
 
-def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, out_fs, out_path: str, listing,
+def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, lease: OutputLease, listing,
                            all_ids: pa.Array, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
+    out_fs, out_path = lease.fs, lease.output_path
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
     if job.output.mode == "overwrite":
@@ -226,7 +241,7 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
         "models_content": models_content(job),
     }
     if job.output.mode == "resume":
-        check_resume(previous, manifest, job.output.path)  # before Ray starts or any torn file is removed
+        check_resume(previous, manifest, job.output.path, job)  # before Ray starts or any torn file is removed
 
     import ray
 
@@ -236,7 +251,8 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
     records = read_records(job.input, listing)  # lazy: Ray Data reads it while the actors decode
     ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
     if job.output.mode == "resume":
-        todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None)
+        todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None,
+                                      job.output.retry_errors)
     else:
         todo, partial = ids, {}
 
@@ -262,12 +278,17 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
                     data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
                 )
     except BaseException as exc:
+        if lease.lost is not None:  # the output is another run's now: leave its manifest alone
+            raise
         attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), error=f"{type(exc).__name__}")
         manifest["status"] = "failed"
         write_manifest(out_fs, out_path, manifest)
         raise
 
-    summary = summarize(job, records_in_input=len(ids), decoded=todo, job_started=job_started, finished=time.time())
+    finished = time.time()
+    if job.output.retry_errors:  # the error rows decoded again give way to their new rows
+        drop_superseded_rows(out_fs, out_path, ["id", "point"] if sweep else ["id"])
+    summary = summarize(job, records_in_input=len(ids), decoded=todo, job_started=job_started, finished=finished)
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)
@@ -275,9 +296,10 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
 
 
 def _clear_output(fs, path: str) -> None:
-    """output.mode overwrite: remove what the output folder holds, except the lease this run holds."""
+    """output.mode overwrite: remove what the output folder holds, except the lease this run holds (and its
+    takeover claim)."""
     if not fs.exists(path):
         return
     for entry in fs.ls(path, detail=False):
-        if posixpath.basename(entry.rstrip("/")) != LEASE:
+        if not posixpath.basename(entry.rstrip("/")).startswith(LEASE):
             fs.rm(entry, recursive=True)

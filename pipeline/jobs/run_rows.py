@@ -6,7 +6,8 @@ written by several attempts and may differ in columns (an older run lacks a newe
 dataset's schema is the union of theirs, and a column a file lacks reads as nulls there.
 
 Each id (each id and sweep point) counts once: a writer task that Ray retried can leave a second row
-for an id. The first row in file order is kept, the others skipped and counted (duplicate_rows).
+for an id, a retried error row a newer one. The first row without an error is kept (else the first row, in
+file order), the others skipped and counted (duplicate_rows).
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from pipeline.io.storage import arrow_filesystem, data_path, output_filesystem, output_files, read_manifest
+from pipeline.io.storage import (
+    arrow_filesystem,
+    data_path,
+    kept_rows,
+    output_filesystem,
+    output_files,
+    read_manifest,
+)
 
 BATCH_ROWS = 65_536  # rows per batch when texts are streamed (bounded memory for runs of any size)
 
@@ -61,33 +68,29 @@ class RunRows:
 
 
 def _without_later_rows(dataset: pads.FileSystemDataset, keys: list[str]) -> tuple[pads.Dataset, int]:
-    """(the dataset with only the first row of each key, the number of rows left out). Files without a
-    later row stay on disk; the few with one are read and filtered in memory."""
+    """(the dataset with one row per key, as storage.kept_rows chooses it, the number of rows left out).
+    Files without a row left out stay on disk; the few with one are read and filtered in memory."""
     fragments = list(dataset.get_fragments())
-    parts = []
-    for number, fragment in enumerate(fragments):
-        table = fragment.to_table(columns=keys, schema=dataset.schema)
-        parts.append(table.append_column("_file", pa.array(np.full(table.num_rows, number, np.int64))))
-    everything = pa.concat_tables(parts)
-    everything = everything.append_column("_order", pa.array(np.arange(everything.num_rows, dtype=np.int64)))
-    firsts = everything.group_by(keys, use_threads=False).aggregate([("_order", "min")])["_order_min"]
-    later = pc.invert(pc.is_in(everything["_order"], value_set=firsts))
-    if not pc.any(later).as_py():
+    columns = keys + (["error"] if "error" in dataset.schema.names else [])
+    everything = pa.concat_tables([fragment.to_table(columns=columns, schema=dataset.schema) for fragment in fragments])
+    kept = np.zeros(everything.num_rows, dtype=bool)
+    kept[kept_rows(everything.select(keys), everything["error"] if "error" in columns else None).to_numpy()] = True
+    if kept.all():
         return dataset, 0
     start = 0
     whole, filtered = [], []
-    for number, fragment in enumerate(fragments):
+    for fragment in fragments:
         rows = fragment.count_rows()
-        keep = pc.invert(later.slice(start, rows))
+        keep = kept[start:start + rows]
         start += rows
-        if pc.all(keep).as_py():
+        if keep.all():
             whole.append(fragment.path)
         else:
-            filtered.append(fragment.to_table(schema=dataset.schema).filter(keep))
+            filtered.append(fragment.to_table(schema=dataset.schema).filter(pa.array(keep)))
     parts = [pads.dataset(filtered, schema=dataset.schema)]
     if whole:
         parts.insert(0, pads.dataset(whole, format="parquet", filesystem=dataset.filesystem, schema=dataset.schema))
-    return pads.dataset(parts), int(pc.sum(later).as_py())
+    return pads.dataset(parts), int((~kept).sum())
 
 
 def read_run(run_path: str, storage_options: dict | None = None) -> RunRows:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.io.schema import STATS_COLUMNS
-from pipeline.io.storage import first_row_per_key, read_output_table
+from pipeline.io.storage import one_row_per_key, read_output_table
 from pipeline.jobs.schema import JobConfig
 from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
 
@@ -90,7 +90,7 @@ def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, job_s
     """The run's summary. ``job_started`` and ``finished`` (default: now) are Unix seconds (time.time(),
     the clock of the rows' call_started_at): when the job started and when its output was written."""
     table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
-    table, duplicates = first_row_per_key(table, ["id", "point"])
+    table, duplicates = one_row_per_key(table, ["id", "point"])
     now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
     totals = decode_totals(now)
     calls = actor_calls(now) if now.num_rows else {}

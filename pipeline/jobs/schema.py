@@ -186,6 +186,10 @@ class OutputSection(_Section):
     # this many rows per writer are decoded again. Larger means fewer, bigger files.
     rows_per_file: int = Field(default=1000, ge=1)
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    retry_errors: bool = Field(
+        default=False,
+        description="On resume, decode again the records whose rows hold an `error` (a poison record since fixed, "
+                    "a store that was down); each id keeps one row, the new one.")
 
 
 class ReportSection(_Section):

@@ -1,14 +1,10 @@
-"""Runs you can trust, without Ray: one configuration per output, one writer per output, each id counted
-once, secrets kept out, keys a method ignores refused, a job larger than its cluster named."""
+"""Runs you can trust, without Ray: one configuration per output, each id counted once, secrets kept out,
+keys a method ignores refused, a job larger than its cluster named (one writer per output: test_lease.py)."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import subprocess
-import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,8 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.io.schema import OUTPUT_SCHEMA
-from pipeline.io.lease import LEASE, OutputLease, OutputLeaseError
-from pipeline.io.storage import first_row_per_key, open_filesystem
+from pipeline.io.storage import one_row_per_key, open_filesystem
 from pipeline.jobs.cluster_fit import ClusterTooSmallError, check_cluster_fits, shortfall
 from pipeline.jobs.fingerprint import (
     ResumeMismatchError,
@@ -75,23 +70,79 @@ def test_a_resume_under_other_settings_is_refused_naming_each_key():
     check_resume(None, manifest(job()), "out/")  # a fresh output
 
 
-def test_retrained_weights_are_another_configuration(tmp_path):
+@pytest.fixture
+def digest_cache(tmp_path, monkeypatch):
+    from pipeline.jobs import fingerprint
+
+    monkeypatch.setattr(fingerprint, "DIGEST_CACHE", tmp_path / "cache" / "file-digests.json")
+    return fingerprint.DIGEST_CACHE
+
+
+def _model_folder(tmp_path) -> tuple:
     folder = tmp_path / "large"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    weights = bytearray(os.urandom(3 << 20))  # over 1 MiB: hashed by its first and last MiB
+    weights = bytearray(os.urandom(3 << 20))
     (folder / "model.safetensors").write_bytes(weights)
+    return folder, weights
+
+
+def test_a_byte_changed_anywhere_in_the_weights_is_another_configuration(tmp_path, digest_cache):
+    folder, weights = _model_folder(tmp_path)
     first = model_fingerprint(str(folder))
-    assert model_fingerprint(str(folder)) == first
-    weights[-10] ^= 0xFF
+    assert model_fingerprint(str(folder)) == first and first.startswith("sha256:")
+    weights[len(weights) // 2] ^= 0xFF  # the middle of a 3 MiB file (a merged LoRA, a partial retrain)
     (folder / "model.safetensors").write_bytes(weights)
     assert model_fingerprint(str(folder)) != first
-    assert model_fingerprint("google/t5-small") == "name:google/t5-small"
 
     config = job(models={"large": str(folder)})
     before = {**manifest(config), "models_content": {**models_content(config), "models.large": first}}
     with pytest.raises(ResumeMismatchError, match=r"models.large: .*\(the model's files changed\)"):
-        check_resume(before, manifest(config), "out/")
+        check_resume(before, manifest(config), "out/", config)
+
+
+def test_a_file_is_read_once_until_it_changes(tmp_path, digest_cache, monkeypatch):
+    import hashlib
+
+    folder, weights = _model_folder(tmp_path)
+    reads = []
+    real = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda handle, name: reads.append(handle.name) or real(handle, name))
+    first = model_fingerprint(str(folder))
+    assert len(reads) == 2 and digest_cache.exists()
+    assert model_fingerprint(str(folder)) == first and len(reads) == 2  # from the cache: nothing read
+    weights[7] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(weights)
+    os.utime(folder / "model.safetensors", ns=(1, 1))  # another mtime, whatever the clock's resolution
+    assert model_fingerprint(str(folder)) != first and reads[2:] == [str(folder / "model.safetensors")]
+
+
+def test_a_hub_id_is_known_by_the_commit_its_cache_resolves_to(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert model_fingerprint("org/tiny") == f"name:org/tiny@{commit}"
+    assert model_fingerprint("google/t5-small") == "name:google/t5-small"  # not cached here: the id alone
+
+
+def test_an_output_fingerprinted_by_an_older_version_is_compared_as_it_was(tmp_path, digest_cache):
+    from pipeline.jobs.fingerprint import legacy_fingerprint
+
+    folder, weights = _model_folder(tmp_path)
+    config = job(models={"large": str(folder), "small": "org/tiny"})
+    old = {**manifest(config), "models_content": {"models.large": legacy_fingerprint(str(folder)),
+                                                  "models.small": "name:org/tiny"}}
+    check_resume(old, manifest(config), "out/", config)  # the same files: resumes
+    weights[-10] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(weights)
+    with pytest.raises(ResumeMismatchError, match=r"models.large"):
+        check_resume(old, manifest(config), "out/", config)
 
 
 def test_a_dumped_job_loads_again():
@@ -121,65 +172,14 @@ def test_every_storage_option_but_where_the_data_lives_is_redacted():
     assert "AKIAEXAMPLE" not in json.dumps(manifest(config)) + json.dumps(shown)
 
 
-# One writer per output.
-
-def test_a_second_lease_is_refused_naming_the_holder_and_released_at_the_end(tmp_path):
-    fs, path = open_filesystem(str(tmp_path / "out"))
-    with OutputLease(fs, path) as first:
-        with pytest.raises(OutputLeaseError, match=f"pid {os.getpid()}.*one writer per output"):
-            OutputLease(fs, path).__enter__()
-        assert json.loads((tmp_path / "out" / LEASE).read_text())["run_id"] == first.holder["run_id"]
-    assert not (tmp_path / "out" / LEASE).exists()
-
-
-def test_the_lease_is_an_exclusive_create_on_s3_too(s3_server):
-    """On S3 the create is a conditional PUT (If-None-Match): of two runs, exactly one holds the lease."""
-    import uuid
-
-    import s3fs
-
-    fs = s3fs.S3FileSystem(**s3_server, skip_instance_cache=True, use_listings_cache=False)
-    bucket = f"lease-{uuid.uuid4().hex[:8]}"
-    fs.mkdir(bucket)
-    with OutputLease(fs, f"{bucket}/out", url=f"s3://{bucket}/out") as first:
-        with pytest.raises(OutputLeaseError, match=f"s3://{bucket}/out.*run {first.holder['run_id']}"):
-            OutputLease(fs, f"{bucket}/out", url=f"s3://{bucket}/out").__enter__()
-    assert not fs.exists(f"{bucket}/out/{LEASE}")
-
-
-def test_a_held_lease_is_renewed(tmp_path):
-    fs, path = open_filesystem(str(tmp_path / "out"))
-    with OutputLease(fs, path, ttl=0.4):
-        written = json.loads((tmp_path / "out" / LEASE).read_text())["renewed_at"]
-        time.sleep(0.5)
-        assert json.loads((tmp_path / "out" / LEASE).read_text())["renewed_at"] > written
-
-
-def test_the_lease_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):
-    fs, path = open_filesystem(str(tmp_path / "out"))
-    (tmp_path / "out").mkdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    holders = [{"run_id": "stale", "host": "elsewhere", "pid": 1, "renewed_at": time.time() - 1000},
-               {"run_id": "dead", "host": os.uname().nodename, "pid": int(gone.stdout), "renewed_at": time.time()}]
-    for holder in holders:
-        (tmp_path / "out" / LEASE).write_text(json.dumps(holder))
-        with caplog.at_level(logging.WARNING, logger="pipeline.io.lease"):
-            with OutputLease(fs, path, ttl=60) as lease:
-                assert json.loads((tmp_path / "out" / LEASE).read_text())["run_id"] == lease.holder["run_id"]
-        assert f"from run {holder['run_id']}" in caplog.text
-    (tmp_path / "out" / LEASE).write_text(json.dumps({**holders[0], "renewed_at": time.time()}))
-    with pytest.raises(OutputLeaseError, match="run stale on host elsewhere"):  # alive elsewhere: refused
-        OutputLease(fs, path, ttl=60).__enter__()
-
-
 # Each id counted once.
 
 def test_later_rows_of_an_id_are_skipped_and_counted():
     table = pa.table({"id": ["a", "b", "a", "c", "b"], "point": [None] * 5, "n": [1, 2, 3, 4, 5]})
-    kept, skipped = first_row_per_key(table, ["id", "point"])
+    kept, skipped = one_row_per_key(table, ["id", "point"])
     assert kept["n"].to_pylist() == [1, 2, 4] and skipped == 2
     sweep = pa.table({"id": ["a", "a", "a"], "point": ["p", "q", "p"], "n": [1, 2, 3]})
-    assert first_row_per_key(sweep, ["id", "point"])[0]["n"].to_pylist() == [1, 2]
+    assert one_row_per_key(sweep, ["id", "point"])[0]["n"].to_pylist() == [1, 2]
 
 
 SENTENCE = "a dog runs across the green field today"

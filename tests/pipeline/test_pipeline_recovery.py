@@ -142,3 +142,32 @@ def test_an_actor_that_dies_is_replaced_and_its_work_redone(ray_local, saved_tin
     assert table.column("error").null_count == table.num_rows
     workers = {int(name.rsplit(":", 1)[1]) for name in table.column("worker").to_pylist()}
     assert killed[0] in workers and len(workers) >= 2, (killed, workers)  # the killed one wrote rows, another ended
+
+
+def test_error_rows_are_decoded_again_on_request_and_each_id_keeps_one_row(ray_local, saved_tiny_pair, tmp_path):
+    """Rows that hold an error (a poison record, a store that was down) count as done on a plain resume; with
+    output.retry_errors their records are decoded again and the new rows replace them in the output."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = write_parquet_shards(str(tmp_path / "in"), 10, 2)
+    job = make_job(saved_tiny_pair, tmp_path / "in", tmp_path / "out", output={"mode": "resume"})
+    assert run_job(job).decoded_now == 10
+    failed = ids[:3]
+    for file in (tmp_path / "out" / "data").glob("*.parquet"):  # three rows become error rows
+        table = pq.read_table(file)
+        hit = pc.is_in(table["id"], value_set=pa.array(failed))
+        error = pc.if_else(hit, pa.scalar("engine crashed"), table["error"])
+        prediction = pc.if_else(hit, pa.scalar(None, pa.string()), table["prediction"])
+        table = table.set_column(table.schema.get_field_index("error"), "error", error)
+        table = table.set_column(table.schema.get_field_index("prediction"), "prediction", prediction)
+        pq.write_table(table, file)
+
+    assert run_job(job).decoded_now == 0  # a plain resume keeps them
+    retry = job.model_copy(update={"output": job.output.model_copy(update={"retry_errors": True})})
+    summary = run_job(retry)
+    assert summary.decoded_now == 3
+    table = read_output_table(str(tmp_path / "out"), columns=["id", "error", "prediction"])
+    assert sorted(table["id"].to_pylist()) == sorted(ids)  # one row per id in the files themselves
+    assert table["error"].null_count == 10 and table["prediction"].null_count == 0
+    assert run_job(retry).decoded_now == 0  # nothing left to retry

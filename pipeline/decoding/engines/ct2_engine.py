@@ -37,9 +37,9 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from pipeline.decoding.config import ModelSpec
+from pipeline.decoding.config import CACHE_ROOT, ModelSpec
 
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bild-pipeline" / "ct2"
+DEFAULT_CACHE = CACHE_ROOT / "ct2"
 CT2_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}  # models.dtype -> compute type
 
 
