@@ -186,12 +186,25 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
               help="A models.engine ct2 job (e.g. jobs/nightly_ct2.yaml): its busy-time tokens/s through the "
                    "pipeline against CTranslate2 in-process on its records, alternating.")
 @override_option
-def bench_pipeline(small, large, records, repeats, job_file, overrides):
-    """Pipeline overhead: the same records in-process vs through Ray (one actor), ratio printed."""
+@click.option("--decode", type=click.Choice(["model", "none"]), default="model", show_default=True,
+              help="none: decoding taken out (each record passed through), --limit synthetic short records, the "
+                   "pipeline against Ray Data's own read_parquet -> map_batches(identity) -> write_parquet, each in "
+                   "a driver process of its own: wall time, records/s, driver peak RSS; and a resume half done.")
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="--decode none: where the synthetic corpus is written (and kept: a later run reuses it) and the "
+                   "runs write (default: a temporary folder).")
+@click.option("--out", "out_dir", default=None, help="--decode none: write scale.md and scale.json there.")
+def bench_pipeline(small, large, records, repeats, job_file, overrides, decode, workdir, out_dir):
+    """Pipeline overhead: the same records in-process vs through Ray (one actor), ratio printed; with --decode
+    none, the pipeline around decoding at corpus scale against Ray Data's own identity pass."""
     import tempfile
     from pathlib import Path
 
     from pipeline.bench.pipeline_job import run_ct2_job_bench, run_pipeline_bench
+
+    if decode == "none":
+        _scale_bench(records, repeats, workdir, out_dir)
+        return
 
     if job_file:
         from pipeline.cli.jobs import load_job_or_exit
@@ -222,6 +235,23 @@ def bench_pipeline(small, large, records, repeats, job_file, overrides):
         f"pipeline:   {result['pipeline_s']:.2f} s ({result['pipeline_records_per_s']:.1f} records/s)\n"
         f"ratio pipeline / in-process: {result['ratio_pipeline_over_in_process']:.2f}x"
     )
+
+
+def _scale_bench(records: int, repeats: int, workdir: str | None, out_dir: str | None) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.bench.scale import render_scale, run_scale_bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_scale_bench([records], repeats, Path(workdir or tmp))
+    markdown = render_scale(rows)
+    click.echo(markdown)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "scale.md").write_text(markdown + "\n")
+        (Path(out_dir) / "scale.json").write_text(json.dumps(rows, indent=2))
 
 
 @click.command("bench-batch")

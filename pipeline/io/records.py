@@ -45,6 +45,45 @@ def normalize(raw: dict, id_column: str, text_column: str, reference_column: str
     return {"id": id_string(raw.get(id_column)), "text": text, "reference": reference, "input_error": error}
 
 
+def id_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """id_string over a whole column, in Arrow where its type allows (strings, integers): a corpus of millions of
+    ids never becomes Python objects. Other types (floats, booleans) go value by value."""
+    import pyarrow.compute as pc
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_integer(column.type):
+        return column.cast(pa.string())
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_null(column.type):
+        column = column.cast(pa.string())
+        return pc.if_else(pc.equal(pc.utf8_trim_whitespace(column), ""), pa.scalar(None, pa.string()), column)
+    return pa.array([id_string(value) for value in column.to_pylist()], pa.string())
+
+
+def _is_text(column: pa.Array | pa.ChunkedArray) -> bool:
+    kind = column.type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+
+
+def normalize_table(table: pa.Table, id_column: str, text_column: str, reference_column: str | None) -> pa.Table:
+    """normalize over a block of rows, in Arrow where the text and reference columns hold strings (a corpus's
+    usual case); row by row otherwise, so that every rule above holds for any column type."""
+    import pyarrow.compute as pc
+
+    names = table.column_names
+    has_reference = reference_column is not None and reference_column in names
+    if text_column not in names or not _is_text(table[text_column]) or (
+            has_reference and not _is_text(table[reference_column])):
+        rows = [normalize(raw, id_column, text_column, reference_column) for raw in table.to_pylist()]
+        return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
+    count = table.num_rows
+    ids = id_strings(table[id_column]) if id_column in names else pa.nulls(count, pa.string())
+    text = table[text_column].cast(pa.string())
+    missing = f"missing text (column {text_column!r} is null or absent)"
+    error = pc.if_else(pc.is_null(text), pa.scalar(missing), pa.scalar(None, pa.string()))
+    reference = table[reference_column].cast(pa.string()) if has_reference else pa.nulls(count, pa.string())
+    return pa.table([ids, text, reference, error], schema=RECORD_SCHEMA)
+
+
 def parse_jsonl(
     data: bytes, source: str, id_column: str, text_column: str, reference_column: str | None
 ) -> Iterator[dict]:

@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.io.records import id_string, normalize, parse_jsonl
+from pipeline.io.records import id_strings, normalize_table, parse_jsonl
 from pipeline.io.schema import SWEEP_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def read_records(input_config, listing: tuple[fsspec.AbstractFileSystem, list[st
     missing = missing_columns(cfg, dataset.schema().names, "the input")
     if missing:
         raise InputError("\n".join(missing))
-    return dataset.map(lambda row: normalize(row, *columns))
+    return dataset.map_batches(lambda table: normalize_table(table, *columns), batch_format="pyarrow")
 
 
 def missing_columns(input_config, names: list[str], where: str) -> list[str]:
@@ -137,19 +137,19 @@ def read_ids(input_config, listing: tuple[fsspec.AbstractFileSystem, list[str]] 
     cfg = input_config
     fs, files = listing or input_files(cfg)
     columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
-    values: list[str | None] = []
+    parts: list[pa.Array] = []
     for file in files:
         if cfg.format == "jsonl":
             lines = parse_jsonl(fs.cat_file(file), posixpath.basename(file), *columns)
-            values.extend(record["id"] for record in lines)
+            parts.append(pa.array([record["id"] for record in lines], pa.string()))
             continue
         if cfg.format == "parquet":
             table = pq.read_table(file, columns=[cfg.id_column], filesystem=arrow_filesystem(fs))
         else:
             with fs.open(file, "rb") as stream:
                 table = pacsv.read_csv(stream, convert_options=_csv_options(cfg, columns, [cfg.id_column]))
-        values.extend(id_string(value) for value in table.column(0).to_pylist())
-    return check_ids(pa.array(values, type=pa.string()))
+        parts.append(id_strings(table.column(0)))
+    return check_ids(pa.concat_arrays(parts) if parts else pa.array([], pa.string()))
 
 
 def check_ids(ids: pa.Array) -> pa.Array:
@@ -158,13 +158,10 @@ def check_ids(ids: pa.Array) -> pa.Array:
 
     if ids.null_count:
         raise InputError(f"{ids.null_count} input record(s) have no id (a null or empty id)")
-    repeated = [
-        (item["values"].as_py(), item["counts"].as_py())
-        for item in pc.value_counts(ids)
-        if item["counts"].as_py() > 1
-    ]
-    if repeated:
-        examples = ", ".join(f"{value!r} x{count}" for value, count in repeated[:5])
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        examples = ", ".join(f"{item['values']!r} x{item['counts']}" for item in repeated[:5].to_pylist())
         raise InputError(f"{len(repeated)} input id(s) occur more than once, e.g. {examples}; ids must be unique")
     return ids
 
@@ -235,8 +232,14 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
     the column's type, so that old and new files still concatenate.
     """
     fs, path = output_filesystem(url, storage_options)
-    tables = []
-    for file in output_files(fs, path):
+    tables = list(output_tables(fs, output_files(fs, path), columns))
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def output_tables(fs: fsspec.AbstractFileSystem, files: list[str], columns: list[str] | None = None):
+    """The rows of each of `files` in turn (one table each, read as it is used), as read_output_table reads
+    them: a run of millions of rows summed file by file never sits in memory whole."""
+    for file in files:
         with fs.open(file, "rb") as handle:
             parquet = pq.ParquetFile(handle)
             present = parquet.schema_arrow.names
@@ -245,10 +248,7 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
             if name not in present:
                 kind = SWEEP_SCHEMA.field(name).type if name in SWEEP_SCHEMA.names else pa.string()
                 table = table.append_column(name, pa.nulls(table.num_rows, kind))
-        tables.append(table.select(columns) if columns else table)
-    if not tables:
-        return pa.table({})
-    return pa.concat_tables(tables)
+        yield table.select(columns) if columns else table
 
 
 def kept_rows(keys: pa.Table, errors: pa.Array | pa.ChunkedArray | None = None) -> pa.Array:
@@ -265,16 +265,6 @@ def kept_rows(keys: pa.Table, errors: pa.Array | pa.ChunkedArray | None = None) 
     best = keys.append_column("_rank", pa.array(rank)).group_by(keys.column_names, use_threads=False).aggregate(
         [("_rank", "min")])["_rank_min"].to_numpy()
     return pa.array(np.sort(best % max(count, 1)))
-
-
-def one_row_per_key(table: pa.Table, keys: list[str]) -> tuple[pa.Table, int]:
-    """(the table with one row per key, as kept_rows chooses it, the number of rows left out)."""
-    if not table.num_rows:
-        return table, 0
-    kept = kept_rows(table.select(keys), table["error"] if "error" in table.column_names else None)
-    if len(kept) == table.num_rows:
-        return table, 0
-    return table.take(kept), table.num_rows - len(kept)
 
 
 def drop_superseded_rows(fs: fsspec.AbstractFileSystem, path: str, keys: list[str]) -> int:

@@ -107,11 +107,14 @@ def _check_engines(job: JobConfig, points: "Points") -> None:
     """Engine ct2 (models.engine or report.baseline_engine) needs the ctranslate2 package and runs the
     plain methods only: a sweep's grid points decode with both models."""
     from pipeline.decoding.config import ct2_method_problem
-    from pipeline.decoding.engines.ct2_engine import available
 
     wanted = [key for key, engine in (("models.engine", job.models.engine),
                                       ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]
-    if wanted and not available():
+    if not wanted:
+        return
+    from pipeline.decoding.engines.ct2_engine import available  # imports transformers: 3 s a job without ct2 saves
+
+    if not available():
         raise EngineError(f"{wanted[0]} ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
     if job.models.engine == "ct2":
         problem = ct2_method_problem([config.method for _, config in points], key="the sweep's points' method")
@@ -154,13 +157,14 @@ def _keep_ids(dataset, wanted: pa.Array):
     return dataset.map_batches(keep, batch_format="pyarrow")
 
 
-def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: dict | None = None):
+def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: dict | None = None,
+                   stage=DecodeStage):
     """The decode stage over a dataset of normal-form records (lazy)."""
     import ray.data
 
     compute = job.compute
     return records.map_batches(
-        DecodeStage,
+        stage,
         fn_constructor_args=(spec, done_points),
         batch_size=compute.records_per_actor_call(),
         batch_format="pyarrow",
@@ -201,10 +205,11 @@ def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None, r
 
 
 def run_job(job: JobConfig, address: str | None = None, *, points: Points | None = None, verbose: bool = False,
-            progress: bool = False) -> RunSummary:
+            progress: bool = False, stage=DecodeStage) -> RunSummary:
     """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
     under every point by the same actor and the output rows carry a ``point`` column. ``progress``
-    prints one progress line while it decodes; ``verbose`` lets Ray's own output through.
+    prints one progress line while it decodes; ``verbose`` lets Ray's own output through. ``stage``: the
+    class Ray Data runs on the actors (bench-pipeline --decode none takes decoding out; no job file can).
 
     The run holds the output's lease (io/lease.py) from before it reads the output until it is done."""
     job_started = time.time()  # Unix seconds, as the rows' call_started_at
@@ -218,7 +223,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     with OutputLease(out_fs, out_path, url=job.output.path) as lease:
         try:
-            return _run_holding_the_lease(job, address, points, sweep, lease, listing, all_ids,
+            return _run_holding_the_lease(job, address, points, sweep, lease, listing, all_ids, stage,
                                           verbose=verbose, progress=progress, job_started=job_started)
         except KeyboardInterrupt:
             if lease.lost is not None:  # the lease thread interrupted us: another run holds the output now
@@ -227,7 +232,7 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
 
 
 def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, lease: OutputLease, listing,
-                           all_ids: pa.Array, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
+                           all_ids: pa.Array, stage, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
     out_fs, out_path = lease.fs, lease.output_path
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
@@ -274,7 +279,7 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
             watch = Progress(out_fs, out_path, len(todo) * len(points)) if progress else contextlib.nullcontext()
             with in_flight_registry() as registry, watch:
                 spec = _stage_spec(job, points, sweep, ids, registry)
-                decode_dataset(selected, job, spec, partial).write_parquet(
+                decode_dataset(selected, job, spec, partial, stage).write_parquet(
                     data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
                 )
     except BaseException as exc:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.decoding.stats import DecodeStats
+
 from pipeline.io.schema import STATS_COLUMNS
-from pipeline.io.storage import one_row_per_key, read_output_table
+from pipeline.io.storage import kept_rows, output_files, output_filesystem, output_tables
 from pipeline.jobs.schema import JobConfig
+from pipeline.metrics.memory import peak_rss_mib
 from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
 
 # What the job's closing summary reads.
@@ -49,6 +54,7 @@ class RunSummary:
     deferral_share: float | None = None
     plain_step_share: float = 0.0  # of the large model's calls, made without drafting (decoding.adaptive_draft)
     duplicate_rows_skipped: int = 0  # later rows of an id already in the output (a retried writer's), not counted
+    driver_peak_rss_mib: float = 0.0  # the driver process's peak resident memory over the run, summary included
 
     @property
     def tokens_per_second(self) -> float:
@@ -74,6 +80,7 @@ class RunSummary:
                    if self.plain_step_share else ""),
                 f"  engine: {', '.join(self.engines) or 'none'}"
                 + (f", weights {', '.join(self.quantized)}" if self.quantized else ""),
+                f"  driver: peak memory {self.driver_peak_rss_mib:.0f} MiB",
             ] + ([f"  {self.duplicate_rows_skipped} duplicate row(s) of ids already in the output skipped"]
                  if self.duplicate_rows_skipped else [])
         )
@@ -88,39 +95,63 @@ class RunSummary:
 def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, job_started: float,
               finished: float | None = None) -> RunSummary:
     """The run's summary. ``job_started`` and ``finished`` (default: now) are Unix seconds (time.time(),
-    the clock of the rows' call_started_at): when the job started and when its output was written."""
-    table = read_output_table(job.output.path, job.output.storage_options, columns=SUMMARY_COLUMNS)
-    table, duplicates = one_row_per_key(table, ["id", "point"])
-    now = table.filter(pc.is_in(table["id"], value_set=decoded)) if table.num_rows else table
-    totals = decode_totals(now)
-    calls = actor_calls(now) if now.num_rows else {}
+    the clock of the rows' call_started_at): when the job started and when its output was written.
+
+    Two passes over the output's files: the rows' keys first (which row of each id counts, which were
+    decoded now), then the rest of the columns file by file, summed, so that only the keys are ever held
+    whole."""
+    fs, path = output_filesystem(job.output.path, job.output.storage_options)
+    files = output_files(fs, path)
+    keys = pa.concat_tables(output_tables(fs, files, ["id", "point", "error"])) if files else None
+    kept = np.zeros(keys.num_rows if keys else 0, dtype=bool)
+    if keys is not None and keys.num_rows:
+        kept[kept_rows(keys.select(["id", "point"]), keys["error"]).to_numpy()] = True
+    decoded_mask = kept & pc.is_in(keys["id"], value_set=decoded).to_numpy(zero_copy_only=False) if kept.size else kept
+    sums: Counter = Counter()
+    calls: dict[str, list] = defaultdict(list)
+    engines, quantized, errors, first_call, start = set(), set(), 0, None, 0
+    for table in output_tables(fs, files, SUMMARY_COLUMNS):
+        now = table.filter(pa.array(decoded_mask[start:start + table.num_rows]))
+        start += table.num_rows
+        if not now.num_rows:
+            continue
+        sums.update(decode_totals(now).to_dict())
+        for worker, found in actor_calls(now).items():
+            calls[worker].extend(found)  # a call's rows in two files: busy_seconds takes the union
+        engines |= {engine for engine in now["engine"].to_pylist() if engine}
+        quantized |= {q for q in now["quantize"].to_pylist() if q and q != "none"}
+        errors += int(pc.sum(pc.is_valid(now["error"])).as_py() or 0)
+        earliest = pc.min(now["call_started_at"]).as_py()
+        first_call = earliest if first_call is None or (earliest is not None and earliest < first_call) else first_call
+    totals = DecodeStats.from_sums(sums)
     busy = {worker: busy_seconds(found) for worker, found in calls.items()}
-    first_call = pc.min(now["call_started_at"]).as_py() if now.num_rows else None
     wall_seconds = max(0.0, (time.time() if finished is None else finished) - job_started)
     # Start-up is part of the wall time; the bounds only guard against an actor's host clock that runs
     # apart from the driver's (call_started_at is taken there).
     startup = min(wall_seconds, max(0.0, first_call - job_started)) if first_call is not None else None
+    ids = keys["id"] if keys is not None else pa.array([], pa.string())
     return RunSummary(
         job_name=job.name,
         output_path=job.output.path,
         records_in_input=records_in_input,
-        records_in_output=pc.count_distinct(table["id"]).as_py() if table.num_rows else 0,
-        decoded_now=pc.count_distinct(now["id"]).as_py() if now.num_rows else 0,
+        records_in_output=pc.count_distinct(ids.filter(pa.array(kept))).as_py() if kept.any() else 0,
+        decoded_now=pc.count_distinct(ids.filter(pa.array(decoded_mask))).as_py() if decoded_mask.any() else 0,
         skipped_existing=records_in_input - len(decoded),
-        errors_now=int(pc.sum(pc.is_valid(now["error"])).as_py() or 0) if now.num_rows else 0,
+        errors_now=errors,
         output_tokens_now=totals.output_tokens,
         wall_seconds=wall_seconds,
         small_share=totals.small_token_share,
         fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
         rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
-        engines=sorted({e for e in now["engine"].to_pylist() if e}) if now.num_rows else [],
-        decoding_tokens_per_second=decoding_rate(calls),
+        engines=sorted(engines),
+        decoding_tokens_per_second=decoding_rate({worker: sorted(found) for worker, found in calls.items()}),
         actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
         actors=len(busy),
         end_to_end_seconds=wall_seconds,
         startup_seconds=startup,
-        quantized=sorted({q for q in now["quantize"].to_pylist() if q and q != "none"}) if now.num_rows else [],
+        driver_peak_rss_mib=peak_rss_mib(),
+        quantized=sorted(quantized),
         deferral_share=totals.deferral_share if totals.deferrals else None,
         plain_step_share=totals.plain_step_share,
-        duplicate_rows_skipped=duplicates,
+        duplicate_rows_skipped=int((~kept).sum()),
     )

@@ -68,3 +68,18 @@ def test_start_up_is_part_of_the_wall_time_on_one_clock(tmp_path):
     assert (summary.startup_seconds, summary.wall_seconds, summary.end_to_end_seconds) == (20.0, 30.0, 30.0)
     skewed = summarize(job, records_in_input=5, decoded=decoded, job_started=job_started, finished=job_started + 15.0)
     assert skewed.startup_seconds == skewed.wall_seconds == 15.0
+
+
+def test_the_summary_gives_the_drivers_peak_memory_of_this_program(tmp_path):
+    """VmHWM, this program's own peak: a child forked from a larger parent does not inherit the parent's."""
+    import subprocess
+    import sys
+
+    job = written_run(tmp_path, first_call=time.time())
+    summary = summarize(job, records_in_input=5, decoded=pa.array(["1"]), job_started=time.time())
+    assert summary.driver_peak_rss_mib > 50 and "driver: peak memory" in summary.to_text()
+    ballast = b"\1" * (400 << 20)  # written, so resident: this process is now 400 MiB above any child it starts
+    child = subprocess.run([sys.executable, "-c", "from pipeline.metrics.memory import peak_rss_mib; "
+                            "print(peak_rss_mib())"], capture_output=True, text=True, check=True)
+    assert float(child.stdout) < 200, f"the parent's peak leaked into the child's: {child.stdout}"
+    del ballast

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.io.schema import OUTPUT_SCHEMA
-from pipeline.io.storage import one_row_per_key, open_filesystem
+from pipeline.io.storage import kept_rows, open_filesystem
 from pipeline.jobs.cluster_fit import ClusterTooSmallError, check_cluster_fits, shortfall
 from pipeline.jobs.fingerprint import (
     ResumeMismatchError,
@@ -174,12 +174,13 @@ def test_every_storage_option_but_where_the_data_lives_is_redacted():
 
 # Each id counted once.
 
-def test_later_rows_of_an_id_are_skipped_and_counted():
-    table = pa.table({"id": ["a", "b", "a", "c", "b"], "point": [None] * 5, "n": [1, 2, 3, 4, 5]})
-    kept, skipped = one_row_per_key(table, ["id", "point"])
-    assert kept["n"].to_pylist() == [1, 2, 4] and skipped == 2
-    sweep = pa.table({"id": ["a", "a", "a"], "point": ["p", "q", "p"], "n": [1, 2, 3]})
-    assert one_row_per_key(sweep, ["id", "point"])[0]["n"].to_pylist() == [1, 2]
+def test_one_row_of_each_id_counts_the_first_without_an_error():
+    table = pa.table({"id": ["a", "b", "a", "c", "b"], "point": [None] * 5})
+    assert kept_rows(table).to_pylist() == [0, 1, 3]
+    errors = pa.array(["crashed", None, None, None, "crashed"])  # a's retried error row decoded again later
+    assert kept_rows(table, errors).to_pylist() == [1, 2, 3]
+    sweep = pa.table({"id": ["a", "a", "a"], "point": ["p", "q", "p"]})
+    assert kept_rows(sweep).to_pylist() == [0, 1]
 
 
 SENTENCE = "a dog runs across the green field today"

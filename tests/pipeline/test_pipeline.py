@@ -234,7 +234,8 @@ def test_a_job_prints_progress_lines_and_keeps_ray_quiet(ray_local, saved_tiny_p
     decoding, busy, end_to_end, total, startup = map(float, found.groups())
     assert decoding > end_to_end > 0 and 0 < busy < total and 0 < startup < total
     assert summary[3].startswith("  BiLD: ")
-    assert summary[4:] == ["  engine: native"]
+    assert summary[4] == "  engine: native" and len(summary) == 6
+    assert re.fullmatch(r"  driver: peak memory \d+ MiB", summary[5]), summary[5]  # the driver's own, at any scale
     for stream in (result.output, outside.out, outside.err):
         assert not re.search(RAY_DATA_CHATTER, stream), f"Ray Data's output reached the console: {stream[-2000:]}"
     quiet_ray(verbose=True)
