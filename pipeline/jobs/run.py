@@ -232,7 +232,8 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
 
 
 def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, lease: OutputLease, listing,
-                           all_ids: pa.Array, stage, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
+                           all_ids: pa.Array, stage, *, verbose: bool, progress: bool,
+                           job_started: float) -> RunSummary:
     out_fs, out_path = lease.fs, lease.output_path
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
