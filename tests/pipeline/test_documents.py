@@ -41,7 +41,9 @@ def _job_file(tmp_path, pair, *overrides: str):
 
 
 def test_documents_run_to_one_row_each_with_their_sentences_put_back(ray_local, saved_tiny_pair, tmp_path):
-    path, job, texts = _job_file(tmp_path, saved_tiny_pair)
+    # Fixed windows: `bild`'s tokens depend on its windows, and measured ones on the machine's load at the time,
+    # so the pipeline and the reference decode below would drift apart on a busy machine.
+    path, job, texts = _job_file(tmp_path, saved_tiny_pair, "decoding.adaptive_draft=false")
     result = CliRunner().invoke(main, ["run", str(path)])
     assert result.exit_code == 0, result.output
     rows = {row["id"]: row for row in read_output_table(job.output.path).to_pylist()}
