@@ -60,7 +60,7 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
     than the cluster) exits with code 2; an output file that cannot be read (and is not a torn write)
     stops the job with its message and code 1; a run whose lease another run took over stops with code 3."""
     from pipeline.decoding import IncompatiblePairError
-    from pipeline.io.lease import OutputLeaseError, OutputLeaseLost, OutputStoreError
+    from pipeline.io.lease import EXIT_LEASE_LOST, OutputLeaseError, OutputLeaseLost, OutputStoreError
     from pipeline.io.storage import InputError, OutputReadError
     from pipeline.jobs.cluster_fit import ClusterTooSmallError
     from pipeline.jobs.fingerprint import ResumeMismatchError
@@ -78,7 +78,7 @@ def _exit_2_on_bad_input(job_file: str, func, *args, **kwargs):
         sys.exit(1)
     except OutputLeaseLost as exc:
         click.echo(f"{job_file}: {exc}", err=True)
-        sys.exit(3)
+        sys.exit(EXIT_LEASE_LOST)
 
 
 @click.command()

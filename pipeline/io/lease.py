@@ -11,7 +11,8 @@ A takeover is exclusive too: the taker first creates a claim named after the sta
 (run.lease.taken-HASH), so of two runs racing for one stale lease exactly one wins. The renewal thread
 survives any error of the store and keeps trying; if it finds the lease another run's (this run was cut off
 from the store for longer than ttl, and was taken for dead), it stops this run (OutputLeaseLost) before it
-writes another file beside the new holder.
+writes another file beside the new holder: it interrupts the driver's main thread, and where the run has not
+stopped within a renewal period (an interrupt swallowed on its way through Ray), ends the process (exit 3).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 LEASE = "run.lease"
 TTL_VARIABLE = "BILD_LEASE_TTL_SECONDS"
 DEFAULT_TTL_SECONDS = 120.0
+FENCE_SECONDS = 5.0  # at most this long (or ttl/4) between a lost lease's interrupt and the process's end
+EXIT_LEASE_LOST = 3
 
 
 class OutputLeaseError(RuntimeError):
@@ -61,7 +64,7 @@ class OutputLease:
     """A context manager: holds OUTPUT/run.lease from entry to exit (or raises OutputLeaseError).
 
     `on_lost` is called (from the renewal thread) when the lease turns out to be another run's; by default
-    it interrupts the main thread, which the run turns into OutputLeaseLost (see `lost`)."""
+    it stops the run (`_stop_the_run`), which run_job turns into OutputLeaseLost (see `lost`)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, output_path: str, ttl: float | None = None,
                  url: str | None = None, on_lost=None):
@@ -71,9 +74,10 @@ class OutputLease:
         self.ttl = ttl if ttl is not None else lease_ttl()
         self.holder = {"run_id": uuid.uuid4().hex[:12], "host": platform.node(), "pid": os.getpid()}
         self.lost: dict | None = None  # the run that took the lease over, once this run has seen it
-        self._on_lost = on_lost or _thread.interrupt_main
+        self._on_lost = on_lost or self._stop_the_run
         self._claim: str | None = None
         self._stop = threading.Event()
+        self._ended = threading.Event()  # the run left the lease's block: the fence stands down
         self._renewer: threading.Thread | None = None
 
     def __enter__(self) -> "OutputLease":
@@ -91,6 +95,7 @@ class OutputLease:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._ended.set()
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
@@ -105,6 +110,14 @@ class OutputLease:
             f"output.path {self.url!r} was taken over by another run ({_describe_holder(self.lost or {})}) while this "
             f"run wrote: this run could not renew its lease for {self.ttl:.0f} s ({TTL_VARIABLE}) and was taken for "
             f"dead. It stopped writing; the other run holds the output now.")
+
+    def _stop_the_run(self) -> None:
+        """Interrupt the driver's main thread; if the run has not left the lease's block a renewal period later
+        (at most FENCE_SECONDS), end the process with EXIT_LEASE_LOST: it must not write beside the new holder."""
+        _thread.interrupt_main()
+        if not self._ended.wait(min(FENCE_SECONDS, self.ttl / 4)):
+            log.error("%s; the run did not stop on its own: ending the process", self.lost_error())
+            os._exit(EXIT_LEASE_LOST)
 
     def _content(self) -> bytes:
         return json.dumps({**self.holder, "renewed_at": time.time()}).encode()

@@ -107,12 +107,23 @@ def test_a_run_that_finds_its_lease_taken_stops_and_leaves_the_new_holders_lease
     assert json.loads((tmp_path / "out" / LEASE).read_text()) == other  # not removed, not rewritten
 
 
-def test_by_default_a_lost_lease_interrupts_the_run(tmp_path):
+@pytest.mark.parametrize("stops", [True, False])
+def test_by_default_a_lost_lease_interrupts_the_run_and_ends_it_if_it_goes_on(tmp_path, monkeypatch, stops):
+    """The interrupt goes to the main thread (run_job makes it OutputLeaseLost, exit 3); a run still inside the
+    lease's block a renewal period later (the interrupt swallowed somewhere) has its process ended with 3."""
+    from pipeline.io import lease as lease_module
+
+    interrupted, ended = threading.Event(), []
+    monkeypatch.setattr(lease_module._thread, "interrupt_main", interrupted.set)
+    monkeypatch.setattr(lease_module.os, "_exit", ended.append)
     fs, path = open_filesystem(str(tmp_path / "out"))
-    with pytest.raises(KeyboardInterrupt):
-        with OutputLease(fs, path, ttl=0.2):
-            (tmp_path / "out" / LEASE).write_text(json.dumps({"run_id": "newer", "renewed_at": time.time()}))
-            time.sleep(5)
+    with OutputLease(fs, path, ttl=2) as lease:  # renewed, and fenced, every 0.5 s
+        (tmp_path / "out" / LEASE).write_text(json.dumps({"run_id": "newer", "renewed_at": time.time()}))
+        assert interrupted.wait(5), "the main thread was not interrupted"
+        if not stops:
+            assert _wait_for(lambda: ended, seconds=5)
+    assert lease.lost["run_id"] == "newer"
+    assert ended == ([] if stops else [lease_module.EXIT_LEASE_LOST])
 
 
 def test_the_lease_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):
