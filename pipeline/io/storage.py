@@ -272,10 +272,7 @@ def drop_superseded_rows(fs: fsspec.AbstractFileSystem, path: str, keys: list[st
     write's second row) without it; returns the rows dropped. Each file is written whole under another name,
     then moved over the old one: a crash leaves it as it was, and readers keep the same rows either way."""
     files = output_files(fs, path)
-    tables = []
-    for file in files:
-        with fs.open(file, "rb") as handle:
-            tables.append(pq.read_table(handle, columns=[*keys, "error"]))
+    tables = list(output_tables(fs, files, [*keys, "error"]))
     if not tables:
         return 0
     import numpy as np
