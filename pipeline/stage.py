@@ -199,6 +199,8 @@ class DecodeStage:
         out = {
             "id": row["id"],
             "reference": row.get("reference"),
+            "input_file": row.get("input_file"),
+            "input_row": row.get("input_row"),
             **result.to_record(),
             "segments": _segments(row),
             "job_name": self.spec.job_name,

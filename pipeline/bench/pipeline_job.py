@@ -72,7 +72,9 @@ def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
     actors' busy time against in-process tokens/s, per repetition, and whether the texts agree."""
     from pipeline.decoding.engines.ct2_engine import load_checkpoint
     from pipeline.decoding.generator import encode_text
-    from pipeline.io.storage import input_files, read_ids, read_output_table, read_records
+    from pipeline.io.fragments import read_fragment
+    from pipeline.io.storage import input_files, read_output_table
+    from pipeline.jobs.todo import input_fragments
 
     if job.models.engine != "ct2":
         raise ValueError(f"bench-pipeline --job compares a models.engine ct2 job; this one's is {job.models.engine}")
@@ -81,8 +83,9 @@ def run_ct2_job_bench(job: JobConfig, repeats: int = 3) -> dict:
     model = load_checkpoint(getattr(spec, config.method), spec, threads)  # converts into the cache the actors read
     connect_ray(min_cpus=job.compute.actors * threads + 1)
     listing = input_files(job.input)
-    ids = read_ids(job.input, listing).to_pylist()[: job.input.limit]
-    texts = {row["id"]: row["text"] for row in read_records(job.input, listing).take_all()}
+    records = [read_fragment(listing[0], job.input, fragment) for fragment in input_fragments(job.input, listing)]
+    ids = [i for table in records for i in table["id"].to_pylist()]
+    texts = {i: text for table in records for i, text in zip(table["id"].to_pylist(), table["text"].to_pylist())}
     inputs = [encode_text(model.tokenizer, texts[i], config.max_input_tokens)[0][0].tolist() for i in ids]
 
     def in_process(_):

@@ -64,6 +64,7 @@ class PassThroughStage:
         started = time.time()
         count = batch.num_rows
         given = {"id": batch["id"], "prediction": batch["text"], "reference": batch["reference"],
+                 "input_file": batch["input_file"], "input_row": batch["input_row"],
                  "method": pa.array(["none"] * count), "job_name": pa.array([self.spec.job_name] * count),
                  "call_started_at": pa.array(np.full(count, started)),
                  "call_seconds": pa.array(np.full(count, time.time() - started))}

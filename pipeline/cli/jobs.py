@@ -132,10 +132,10 @@ def report(run_path, baseline, out_dir, task, storage_options, address, verbose)
     if out_dir is None:
         out_dir = str(Path(run_path) / "report") if "://" not in run_path else "report"
     try:
-        summary, numeric = build_report(run_path, baseline=baseline, task=task, storage_options=options)
+        summary, totals = build_report(run_path, baseline=baseline, task=task, storage_options=options)
     except FileNotFoundError as exc:
         raise click.UsageError(str(exc)) from exc
-    for path in write_report(summary, numeric, out_dir):
+    for path in write_report(summary, totals, out_dir):
         click.echo(f"wrote {path}")
     click.echo(result_line(summary))
 

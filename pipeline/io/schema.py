@@ -61,6 +61,10 @@ OUTPUT_SCHEMA = pa.schema(
         # stat_columns order); null without a reference or on error. A report sums them, so scoring
         # a run of any size is a sum of columns; rows without them (older runs) are counted then.
         ("quality_stats", pa.list_(pa.float64())),
+        # Where the record came from (io/fragments.py): its file's path inside input.path and its row there, from
+        # 0. A resume reads these two columns, not the ids, to know what is done.
+        ("input_file", pa.string()),
+        ("input_row", pa.int64()),
     ]
 )
 SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point
@@ -68,5 +72,5 @@ SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: w
 # What reports and sweeps bring to the driver for every row: counters, times, errors, who decoded
 # it and its reference; not the texts the models wrote, nor the labels every row of a run repeats.
 NOT_NUMERIC = ("id", "prediction", "method", "input_tokens", "truncated", "job_name", "config_hash",
-               "baseline_prediction", "quality_stats")
+               "baseline_prediction", "quality_stats", "input_file", "input_row")
 NUMERIC_COLUMNS = [name for name in OUTPUT_SCHEMA.names if name not in NOT_NUMERIC]

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import posixpath
 from typing import Any
 
 import fsspec
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.io.records import id_strings, normalize_table, parse_jsonl
 from pipeline.io.schema import SWEEP_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -25,12 +21,6 @@ EXTENSIONS = {"parquet": ["parquet"], "csv": ["csv"], "jsonl": ["jsonl", "json"]
 # Parquet reader pointed at OUTPUT/data sees only Parquet files.
 MANIFEST = "run.json"
 DATA_DIR = "data"
-# Ray Data 2.60 reads Parquet footers on a pool of 32 actors whatever the input's size: on a 2-core
-# machine starting them costs ~3 s of CPU before the first record is read. One actor per 64 files
-# (at most Ray's 32) unless the user sets the variable.
-FOOTER_ACTORS_VARIABLE = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
-FILES_PER_FOOTER_ACTOR = 64
-_USERS_FOOTER_ACTORS = os.environ.get(FOOTER_ACTORS_VARIABLE)
 
 
 def data_path(output_path: str) -> str:
@@ -63,8 +53,8 @@ def arrow_filesystem(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
 def input_files(input_config) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     """(filesystem, the input's files): the file input.path names, or every file below that folder with
     its format's extension, except those whose path inside it starts with "." or "_", sorted — the
-    files Ray Data would read there. A job lists them once and hands the list to both read_ids and
-    read_records, so a file that lands in between is in neither."""
+    files Ray Data would read there. A job lists them once and plans its fragments from that list
+    (fragments.py), so a file that lands in between is not read."""
     cfg = input_config
     fs, path = open_filesystem(cfg.path, cfg.storage_options)
     if not fs.exists(path):
@@ -83,36 +73,6 @@ def input_files(input_config) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     return fs, files
 
 
-def read_records(input_config, listing: tuple[fsspec.AbstractFileSystem, list[str]] | None = None):
-    """The job's input as a Ray dataset (ray.data.Dataset) in the normal form of ``records.py``;
-    ``listing``: input_files' answer where the caller has it (the ids are read from the same one)."""
-    import ray.data
-
-    cfg = input_config
-    fs, files = listing or input_files(cfg)
-    filesystem = arrow_filesystem(fs)
-    columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
-
-    if cfg.format == "jsonl":
-        blobs = ray.data.read_binary_files(files, filesystem=filesystem, include_paths=True)
-
-        def split_lines(row: dict) -> list[dict]:
-            return list(parse_jsonl(row["bytes"], posixpath.basename(row["path"]), *columns))
-
-        return blobs.flat_map(split_lines)
-
-    if cfg.format == "parquet":
-        if _USERS_FOOTER_ACTORS is None:
-            os.environ[FOOTER_ACTORS_VARIABLE] = str(min(32, math.ceil(len(files) / FILES_PER_FOOTER_ACTOR)))
-        dataset = ray.data.read_parquet(files, filesystem=filesystem)
-    else:
-        dataset = ray.data.read_csv(files, filesystem=filesystem, convert_options=_csv_options(cfg, columns))
-    missing = missing_columns(cfg, dataset.schema().names, "the input")
-    if missing:
-        raise InputError("\n".join(missing))
-    return dataset.map_batches(lambda table: normalize_table(table, *columns), batch_format="pyarrow")
-
-
 def missing_columns(input_config, names: list[str], where: str) -> list[str]:
     """A message for each of the input's id, text and reference columns that ``names`` (the columns of
     ``where``) lacks; a JSONL record may leave its reference out."""
@@ -122,34 +82,6 @@ def missing_columns(input_config, names: list[str], where: str) -> list[str]:
         wanted.append(("input.reference_column", cfg.reference_column))
     return [f"{key} {name!r} is not a column of {where} (columns: {', '.join(names)})"
             for key, name in wanted if name and name not in names]
-
-
-def _csv_options(cfg, columns, include: list[str] | None = None):
-    """Read the named columns as text, so "007" stays "007" and numbers do not change the type."""
-    as_text = {name: pa.string() for name in columns if name}
-    return pacsv.ConvertOptions(column_types=as_text, strings_can_be_null=False, include_columns=include)
-
-
-def read_ids(input_config, listing: tuple[fsspec.AbstractFileSystem, list[str]] | None = None) -> pa.Array:
-    """The input's ids in input order, read on the driver (no Ray): only the id column of Parquet and
-    CSV files; JSONL lines are parsed whole, as the records are. Fails fast on a missing or repeated id.
-    ``listing`` as for read_records."""
-    cfg = input_config
-    fs, files = listing or input_files(cfg)
-    columns = (cfg.id_column, cfg.text_column, cfg.reference_column)
-    parts: list[pa.Array] = []
-    for file in files:
-        if cfg.format == "jsonl":
-            lines = parse_jsonl(fs.cat_file(file), posixpath.basename(file), *columns)
-            parts.append(pa.array([record["id"] for record in lines], pa.string()))
-            continue
-        if cfg.format == "parquet":
-            table = pq.read_table(file, columns=[cfg.id_column], filesystem=arrow_filesystem(fs))
-        else:
-            with fs.open(file, "rb") as stream:
-                table = pacsv.read_csv(stream, convert_options=_csv_options(cfg, columns, [cfg.id_column]))
-        parts.append(id_strings(table.column(0)))
-    return check_ids(pa.concat_arrays(parts) if parts else pa.array([], pa.string()))
 
 
 def check_ids(ids: pa.Array) -> pa.Array:
@@ -198,31 +130,45 @@ def _describe(error: BaseException) -> str:
 
 
 def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) -> pa.Table:
-    """Some columns of every row already written under an output path.
-
-    A torn file (a write cut off by a crash) is removed, so its records are decoded again, never
-    lost or doubled. Any other failure to read a file raises OutputReadError and removes nothing."""
-    tables = []
-    for file in output_files(fs, path):
-        try:
-            with fs.open(file, "rb") as handle:
-                tables.append(pq.read_table(handle, columns=columns))
-            continue
-        except Exception as exc:  # noqa: BLE001 - torn or not, decided below from the file's tail
-            problem = exc
-        try:
-            torn = is_torn_parquet(fs, file)
-        except Exception as exc:  # noqa: BLE001 - whether it is torn cannot be told: keep it
-            raise OutputReadError(f"cannot read the output file {file} ({_describe(exc)}); nothing was removed: "
-                                  "run the job again once the store answers") from problem
-        if not torn:
-            raise OutputReadError(f"cannot read the output file {file} ({_describe(problem)}), which is not a torn "
-                                  "write; nothing was removed: fix the cause and run the job again") from problem
-        log.warning("removing the torn output file %s (its write was cut off); its records will be decoded again", file)
-        fs.rm(file)
+    """Some columns of every row already written under an output path, in one table (readable_tables)."""
+    tables = [table for _, table in readable_tables(fs, path, columns)]
     if not tables:
         return pa.table({column: pa.array([], pa.string()) for column in columns})
     return pa.concat_tables(tables)
+
+
+def readable_tables(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None,
+                    remove_torn: bool = True):
+    """(file, its table of `columns`) for each output file in turn, a column a file lacks left out.
+
+    A torn file (a write cut off by a crash) is removed, so its records are decoded again, never
+    lost or doubled; not `remove_torn` (a reader that does not hold the lease), it raises as any
+    other failure to read a file does: OutputReadError, removing nothing."""
+    for file in output_files(fs, path):
+        try:
+            with fs.open(file, "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                present = parquet.schema_arrow.names
+                table = parquet.read(columns=[c for c in columns if c in present] if columns else None)
+        except Exception as exc:  # noqa: BLE001 - torn or not, decided below from the file's tail
+            if not remove_torn:
+                raise OutputReadError(f"cannot read the output file {file} ({_describe(exc)})") from exc
+            _remove_if_torn(fs, file, exc)
+            continue
+        yield file, table
+
+
+def _remove_if_torn(fs: fsspec.AbstractFileSystem, file: str, problem: BaseException) -> None:
+    try:
+        torn = is_torn_parquet(fs, file)
+    except Exception as exc:  # noqa: BLE001 - whether it is torn cannot be told: keep it
+        raise OutputReadError(f"cannot read the output file {file} ({_describe(exc)}); nothing was removed: "
+                              "run the job again once the store answers") from problem
+    if not torn:
+        raise OutputReadError(f"cannot read the output file {file} ({_describe(problem)}), which is not a torn "
+                              "write; nothing was removed: fix the cause and run the job again") from problem
+    log.warning("removing the torn output file %s (its write was cut off); its records will be decoded again", file)
+    fs.rm(file)
 
 
 def read_output_table(url: str, storage_options: dict | None = None, columns: list[str] | None = None) -> pa.Table:
@@ -233,7 +179,7 @@ def read_output_table(url: str, storage_options: dict | None = None, columns: li
     """
     fs, path = output_filesystem(url, storage_options)
     tables = list(output_tables(fs, output_files(fs, path), columns))
-    return pa.concat_tables(tables) if tables else pa.table({})
+    return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})  # older files: fewer columns
 
 
 def output_tables(fs: fsspec.AbstractFileSystem, files: list[str], columns: list[str] | None = None):

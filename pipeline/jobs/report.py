@@ -1,7 +1,7 @@
 """`bild-pipeline report`: throughput, latency, quality and BiLD behaviour of a finished run.
 
 No cluster: the run's Parquet files are read with pyarrow (run_rows.py), the numeric columns
-(latency, token counts) at once. Quality is the sum of the statistics the actors wrote with each row
+(latency, token counts) in batches, summed as they stream by (metrics/totals.py). Quality is the sum of the statistics the actors wrote with each row
 (`quality_stats`), scored once; rows without them (older runs) have theirs counted from the texts,
 read in batches, so memory stays bounded however many rows the run has. The rows' flags are counted
 and their worst rows listed. report_markdown.py words it all as report.md.
@@ -29,6 +29,7 @@ from pipeline.jobs.report_markdown import render_markdown, render_paired, result
 from pipeline.jobs.run_rows import BATCH_ROWS, RunRows, read_run
 from pipeline.metrics import quality as q
 from pipeline.metrics.summary import run_summary
+from pipeline.metrics.totals import FLAG_COLUMNS, RunTotals
 
 
 def _scorable(batch: pa.Table, prediction: str, reference: str) -> pa.Table:
@@ -137,8 +138,16 @@ def run_quality(rows: RunRows, task: str, where: pads.Expression | None = None) 
 
 
 def _numeric_table(rows: RunRows, extra: tuple[str, ...] = ()) -> pa.Table:
-    """The run's numeric columns (no texts), plus any `extra` ones."""
+    """The run's numeric columns (no texts), plus any `extra` ones, at once (a sweep's few rows per point)."""
     return rows.table(rows.present((*NUMERIC_COLUMNS, *extra)))
+
+
+def run_totals(rows: RunRows) -> RunTotals:
+    """The run's numeric columns summed batch by batch: a run of any size in bounded memory."""
+    totals = RunTotals()
+    for batch in rows.batches(rows.present(NUMERIC_COLUMNS)):
+        totals.add(batch)
+    return totals
 
 
 def _paired_rows(batch: pa.Table, task: str) -> pa.Table:
@@ -253,23 +262,17 @@ def _agreement(run: RunRows, baseline: RunRows) -> dict:
     }
 
 
-FLAG_COLUMNS = ("stopped_by_budget", "repetition", "unknown_tokens")
 FLAGGED_ROWS = 5  # the worst rows report.md lists for each flag
 EXCERPT_CHARS = 80  # of a listed row's prediction: its start and its end (where loops are)
 
 
-def row_flags(rows: RunRows, numeric: pa.Table) -> tuple[dict, dict[str, list[dict]]] | None:
+def row_flags(rows: RunRows, totals: RunTotals) -> tuple[dict, dict[str, list[dict]]] | None:
     """(how many rows each flag marks, the worst FLAGGED_ROWS rows of each: id, output tokens, unknown
     tokens and a prediction excerpt). None for a run written before the rows carried flags."""
-    if not all(name in numeric.column_names for name in FLAG_COLUMNS):
+    if totals.flags is None:
         return None
-    checked = numeric.filter(pc.is_valid(numeric["stopped_by_budget"]))
-    unknown = checked["unknown_tokens"]
-    counts = {"rows_checked": checked.num_rows,
-              "stopped_by_budget": int(pc.sum(pc.cast(checked["stopped_by_budget"], pa.int64())).as_py() or 0),
-              "repetition": int(pc.sum(pc.cast(pc.fill_null(checked["repetition"], False), pa.int64())).as_py() or 0),
-              "rows_with_unknown_tokens": int(pc.sum(pc.cast(pc.greater(unknown, 0), pa.int64())).as_py() or 0),
-              "unknown_tokens": int(pc.sum(unknown).as_py() or 0)}
+    counts = {name: totals.flags[name] for name in ("rows_checked", "stopped_by_budget", "repetition",
+                                                      "rows_with_unknown_tokens", "unknown_tokens")}
     # Worst first: for the loops and the budget stops, those that are both, then the longest; for unknown
     # tokens, the most. Ties by id.
     orders = {"stopped_by_budget": [("repetition", "descending"), ("output_tokens", "descending")],
@@ -301,13 +304,13 @@ def _excerpt(text: str) -> str:
 
 
 def build_report(run_path: str, *, baseline: str | None = None, task: str | None = None,
-                 storage_options: dict | None = None) -> tuple[dict, pa.Table]:
-    """(summary dict, numeric table of the run) for a run, optionally against a baseline run."""
+                 storage_options: dict | None = None) -> tuple[dict, RunTotals]:
+    """(summary dict, the run's totals) for a run, optionally against a baseline run."""
     rows = read_run(run_path, storage_options)
     manifest = rows.manifest
     job = (manifest or {}).get("job", {})
     task = task or job.get("task") or "translation"
-    numeric = _numeric_table(rows)
+    totals = run_totals(rows)
     summary = {
         "run": run_path,
         "job_name": job.get("name"),
@@ -315,11 +318,11 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
         "method": (job.get("decoding") or {}).get("method"),
         "decoding": job.get("decoding"),
         "config_hash": (manifest or {}).get("config_hash"),
-        **run_summary(numeric, _wall_seconds(manifest), job.get("decoding") or None),
+        **run_summary(totals, _wall_seconds(manifest), job.get("decoding") or None),
         "duplicate_rows_skipped": rows.duplicate_rows,
         "job_started": _job_started(manifest),
     }
-    flags = row_flags(rows, numeric)
+    flags = row_flags(rows, totals)
     if flags:
         summary["flags"], summary["flagged_rows"] = flags
     scores, scored = run_quality(rows, task)
@@ -332,32 +335,33 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
     if baseline:
         base_rows = read_run(baseline, storage_options)
         base_scores, _ = run_quality(base_rows, task)
-        base_summary = run_summary(_numeric_table(base_rows), _wall_seconds(base_rows.manifest))
+        base_summary = run_summary(run_totals(base_rows), _wall_seconds(base_rows.manifest))
         comparison = {"run": baseline, **_agreement(rows, base_rows)}
         comparison["quality_delta"] = {k: scores[k] - base_scores[k] for k in scores if k in base_scores}
         mine, theirs = summary["throughput"].get("records_per_s"), base_summary["throughput"].get("records_per_s")
         comparison["throughput_speedup"] = mine / theirs if mine and theirs else None
         summary["baseline"] = comparison
-    return summary, numeric
+    return summary, totals
 
 
-def write_report(summary: dict, numeric: pa.Table, out_dir: str | Path) -> list[Path]:
+def write_report(summary: dict, totals: RunTotals, out_dir: str | Path) -> list[Path]:
+    """report.md, summary.json and the plots; the per-record plots draw a uniform sample of the decoded rows
+    (totals.SAMPLE_ROWS), the per-actor ones every call."""
     from pipeline.metrics import plots
-    from pipeline.metrics.summary import actor_calls
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
-    ok = numeric.filter(pc.is_null(numeric["error"])) if numeric.num_rows else numeric
+    ok = totals.sampled_rows()
     name = summary.get("job_name") or "run"
-    if ok.num_rows:
+    if ok is not None and ok.num_rows:
         made.append(plots.latency_histogram(ok["latency_ms"].to_numpy(), out / "latency.png", f"{name}: latency per record"))
         made += _record_plots(ok, summary, out)
     per_actor = summary["throughput"].get("per_actor_output_tokens_per_s") or {}
     if per_actor:
         made.append(plots.actor_throughput(per_actor, out / "actors.png"))
-    if "call_started_at" in numeric.column_names and numeric["call_started_at"].null_count < numeric.num_rows:
-        made.append(plots.throughput_over_time(actor_calls(numeric), out / "throughput_over_time.png",
+    if totals.timed_rows:
+        made.append(plots.throughput_over_time(totals.call_list(), out / "throughput_over_time.png",
                                                summary.get("job_started")))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
     (out / "report.md").write_text(render_markdown(summary, [str(p) for p in made]))

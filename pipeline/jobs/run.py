@@ -1,9 +1,9 @@
 """Running a job: read -> (resume filter) -> decode in an actor pool -> write, plus run.json.
 
 Resume is done by hand (see docs/jobs.md): the output directory itself is the checkpoint. Before
-decoding, the ids already present in readable output files are skipped; a file cut off by a
-crash is unreadable, so it is removed and its records are decoded again. Each output file is
-written whole by one write task; a write task Ray retried can leave a second row for an id, which
+decoding, the input rows already present in readable output files are skipped (todo.py); a file cut
+off by a crash is unreadable, so it is removed and its records are decoded again. Each output file is
+written whole by one write task; a write task Ray retried can leave a second row for a record, which
 the resume, the summary and the report skip and count. One run at a time holds an output (its
 lease), and a resume under settings that would change the rows is refused (fingerprint.py).
 """
@@ -22,20 +22,16 @@ import time
 from importlib import metadata
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.io.lease import LEASE, OutputLease
 from pipeline.io.storage import (
     arrow_filesystem,
     data_path,
     drop_superseded_rows,
-    existing_rows,
     input_files,
     output_filesystem,
     output_files,
     read_manifest,
-    read_ids,
-    read_records,
     write_manifest,
 )
 from pipeline.decoding.config import DecodingConfig
@@ -45,6 +41,7 @@ from pipeline.jobs.fingerprint import check_resume, decisive_settings, models_co
 from pipeline.jobs.preflight import check_job
 from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
+from pipeline.jobs.todo import Todo, first_ids, input_fragments, plan_todo
 from pipeline.in_flight import in_flight_registry
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
@@ -125,9 +122,9 @@ def _check_engines(job: JobConfig, points: "Points") -> None:
 Points = tuple[tuple[str, DecodingConfig], ...]
 
 
-def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array, in_flight: str) -> DecodeStageSpec:
+def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in_flight: str) -> DecodeStageSpec:
     """The actors' spec; a job with report.baseline also decodes its first baseline_records records
-    with that method (never a sweep: its grid holds `large` and `small` already)."""
+    with that method (never a sweep: its grid holds `large` and `small` already); `first`: their ids."""
     baseline = None if sweep or job.report.baseline is None else (
         dataclasses.replace(job.decoding.to_config(), method=job.report.baseline))
     return DecodeStageSpec(
@@ -141,20 +138,13 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, ids: pa.Array, in_f
         batch_size=job.compute.batch_size,
         verify_share=job.compute.verify_share,
         baseline=baseline,
-        baseline_ids=frozenset(ids[: job.report.baseline_records].to_pylist()) if baseline else frozenset(),
+        baseline_ids=frozenset(first.to_pylist()) if baseline else frozenset(),
         baseline_engine=job.report.baseline_engine if baseline else None,
         task=job.task,
         in_flight_registry=in_flight,
         segment=job.input.segment,
         language=job.input.language,
     )
-
-
-def _keep_ids(dataset, wanted: pa.Array):
-    def keep(batch: pa.Table) -> pa.Table:
-        return batch.filter(pc.is_in(batch["id"], value_set=wanted))
-
-    return dataset.map_batches(keep, batch_format="pyarrow")
 
 
 def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: dict | None = None,
@@ -175,35 +165,6 @@ def decode_dataset(records, job: JobConfig, spec: DecodeStageSpec, done_points: 
     )
 
 
-def _resume_state(fs, path: str, ids: pa.Array, point_names: list[str] | None, retry_errors: bool = False):
-    """(ids still to decode, {id: points already done} for partly done ids).
-
-    A job's record is done when its id is in the output; a sweep's when every point of it is. With
-    `retry_errors`, a row that holds an error does not count."""
-    keys = ["id"] if point_names is None else ["id", "point"]
-    rows = existing_rows(fs, path, [*keys, "error"])
-    if retry_errors and rows.num_rows:
-        retried = rows.filter(pc.is_valid(rows["error"]))["id"].unique()
-        rows = rows.filter(pc.is_null(rows["error"]))
-        if len(retried):
-            log.warning("decoding again %d record(s) whose rows hold an error (output.retry_errors)",
-                        len(pc.filter(retried, pc.invert(pc.is_in(retried, value_set=rows["id"])))))
-    if point_names is None:
-        done = rows["id"]
-        if len(done) > len(done.unique()):
-            log.warning("%d duplicate row(s) of ids already in %s (a retried write): each id counts once",
-                        len(done) - len(done.unique()), path)
-        return pc.filter(ids, pc.invert(pc.is_in(ids, value_set=done.unique()))), {}
-    by_id: dict[str, set[str]] = {}
-    for pair in rows.select(keys).to_pylist():
-        if pair["point"] in point_names:
-            by_id.setdefault(pair["id"], set()).add(pair["point"])
-    complete = pa.array([i for i, done in by_id.items() if len(done) == len(point_names)], pa.string())
-    todo = pc.filter(ids, pc.invert(pc.is_in(ids, value_set=complete)))
-    partial = {i: sorted(done) for i, done in by_id.items() if len(done) < len(point_names)}
-    return todo, partial
-
-
 def run_job(job: JobConfig, address: str | None = None, *, points: Points | None = None, verbose: bool = False,
             progress: bool = False, stage=DecodeStage) -> RunSummary:
     """Run a job; with ``points`` (name, DecodingConfig) it is a sweep: every record is decoded
@@ -217,13 +178,12 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
     points = points or ((job.decoding.method, job.decoding.to_config()),)
     _check_engines(job, points)
     # Before anything is removed or started: the input's files and columns, the model folders, the pair.
-    listing = input_files(job.input)  # one listing: the ids are those of the records decoded
+    listing = input_files(job.input)  # one listing: the records checked are those decoded
     check_job(job, listing)
-    all_ids = read_ids(job.input, listing)
     out_fs, out_path = output_filesystem(job.output.path, job.output.storage_options)
     with OutputLease(out_fs, out_path, url=job.output.path) as lease:
         try:
-            return _run_holding_the_lease(job, address, points, sweep, lease, listing, all_ids, stage,
+            return _run_holding_the_lease(job, address, points, sweep, lease, listing, stage,
                                           verbose=verbose, progress=progress, job_started=job_started)
         except KeyboardInterrupt:
             if lease.lost is not None:  # the lease thread interrupted us: another run holds the output now
@@ -232,57 +192,46 @@ def run_job(job: JobConfig, address: str | None = None, *, points: Points | None
 
 
 def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool, lease: OutputLease, listing,
-                           all_ids: pa.Array, stage, *, verbose: bool, progress: bool,
-                           job_started: float) -> RunSummary:
+                           stage, *, verbose: bool, progress: bool, job_started: float) -> RunSummary:
     out_fs, out_path = lease.fs, lease.output_path
     if job.output.mode == "error" and output_files(out_fs, out_path):
         raise OutputExistsError(f"output.path {job.output.path!r} already holds results and output.mode is 'error'")
-    if job.output.mode == "overwrite":
-        _clear_output(out_fs, out_path)
-    previous = read_manifest(out_fs, out_path) or {}
+    resume = job.output.mode == "resume"
+    previous = read_manifest(out_fs, out_path) if resume else None
     manifest = {
         "job": job.redacted(),
         "config_hash": job.config_hash(),
         "decisive_settings": decisive_settings(job),
         "models_content": models_content(job),
     }
-    if job.output.mode == "resume":
-        check_resume(previous, manifest, job.output.path, job)  # before Ray starts or any torn file is removed
+    if resume:
+        check_resume(previous or {}, manifest, job.output.path, job)  # before Ray starts or any torn file is removed
 
     import ray
 
     embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
     connect_ray(address, min_cpus=math.ceil(job.compute.actors * job.compute.cpus_per_actor) + 1, verbose=verbose)
     check_cluster_fits(job.compute, wait_seconds=0 if embedded else None)  # no autoscaler grows an embedded Ray
-    records = read_records(job.input, listing)  # lazy: Ray Data reads it while the actors decode
-    ids = all_ids[: job.input.limit] if job.input.limit is not None else all_ids
-    if job.output.mode == "resume":
-        todo, partial = _resume_state(out_fs, out_path, ids, [name for name, _ in points] if sweep else None,
-                                      job.output.retry_errors)
-    else:
-        todo, partial = ids, {}
+    in_fs = listing[0]
+    fragments = input_fragments(job.input, listing)  # its ids checked on the workers, before anything is removed
+    if job.output.mode == "overwrite":
+        _clear_output(out_fs, out_path)
+    todo = plan_todo(in_fs, job.input, fragments, out_fs, out_path, resume=resume,
+                     point_names=[name for name, _ in points] if sweep else None, retry_errors=job.output.retry_errors)
 
     attempt = {"started_at": dt.datetime.fromtimestamp(job_started, dt.timezone.utc).isoformat(),  # the job's start
-               "to_decode": len(todo)}
+               "to_decode": todo.to_decode}
     manifest.update(status="running", versions=_versions(), cluster=_cluster_info(),
-                    attempts=[*previous.get("attempts", []), attempt])
+                    attempts=[*(previous or {}).get("attempts", []), attempt])
     if sweep:
         manifest["sweep_points"] = {name: config.to_dict() for name, config in points}
     write_manifest(out_fs, out_path, manifest)
 
+    before = frozenset(output_files(out_fs, out_path))  # what the summary does not count as this run's
     try:
-        if len(todo):
-            selected = records if len(todo) == len(all_ids) else _keep_ids(records, todo)
-            # Small blocks spread the work over every actor (readers merge small files into one
-            # block) and flush output regularly; a block never exceeds output.rows_per_file.
-            block_rows = max(1, min(job.output.rows_per_file, math.ceil(len(todo) / (4 * job.compute.actors))))
-            selected = selected.repartition(target_num_rows_per_block=block_rows)
-            watch = Progress(out_fs, out_path, len(todo) * len(points)) if progress else contextlib.nullcontext()
-            with in_flight_registry() as registry, watch:
-                spec = _stage_spec(job, points, sweep, ids, registry)
-                decode_dataset(selected, job, spec, partial, stage).write_parquet(
-                    data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
-                )
+        if todo.to_decode:
+            first = first_ids(in_fs, job.input, fragments, job.report.baseline_records) if job.report.baseline else None
+            _decode_and_write(job, points, sweep, todo, in_fs, (out_fs, out_path), first, stage, progress)
     except BaseException as exc:
         if lease.lost is not None:  # the output is another run's now: leave its manifest alone
             raise
@@ -294,11 +243,28 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
     finished = time.time()
     if job.output.retry_errors:  # the error rows decoded again give way to their new rows
         drop_superseded_rows(out_fs, out_path, ["id", "point"] if sweep else ["id"])
-    summary = summarize(job, records_in_input=len(ids), decoded=todo, job_started=job_started, finished=finished)
+    summary = summarize(job, records_in_input=todo.records_in_input, decoded=todo.to_decode, before=before,
+                        sweep=sweep, job_started=job_started, finished=finished)
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)
     return summary
+
+
+def _decode_and_write(job: JobConfig, points: Points, sweep: bool, todo: Todo, in_fs, output, first: pa.Array | None,
+                      stage, progress: bool) -> None:
+    """The records to decode, through the actors, into the output's files; `first`: report.baseline's records' ids."""
+    out_fs, out_path = output
+    # Small blocks spread the work over every actor and flush output regularly; a block never exceeds
+    # output.rows_per_file.
+    block_rows = max(1, min(job.output.rows_per_file, math.ceil(todo.to_decode / (4 * job.compute.actors))))
+    records = todo.dataset(in_fs, job.input, block_rows)
+    watch = Progress(out_fs, out_path, todo.to_decode * len(points)) if progress else contextlib.nullcontext()
+    with in_flight_registry() as registry, watch:
+        spec = _stage_spec(job, points, sweep, first, registry)
+        decode_dataset(records, job, spec, todo.partial, stage).write_parquet(
+            data_path(out_path), filesystem=arrow_filesystem(out_fs), min_rows_per_file=block_rows
+        )
 
 
 def _clear_output(fs, path: str) -> None:

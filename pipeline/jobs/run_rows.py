@@ -7,7 +7,8 @@ dataset's schema is the union of theirs, and a column a file lacks reads as null
 
 Each id (each id and sweep point) counts once: a writer task that Ray retried can leave a second row
 for an id, a retried error row a newer one. The first row without an error is kept (else the first row, in
-file order), the others skipped and counted (duplicate_rows).
+file order), the others skipped and counted (duplicate_rows). A run whose position columns show no input
+row twice is read as it is: its ids are never gathered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from pipeline.io.done import done_rows
 from pipeline.io.storage import (
     arrow_filesystem,
     data_path,
@@ -44,7 +46,7 @@ class RunRows:
         self.dataset = pads.dataset(files, format="parquet", filesystem=filesystem, schema=schema)
         self.duplicate_rows = 0
         keys = [key for key in ("id", "point") if key in schema.names]
-        if "id" in keys:
+        if "id" in keys and _may_repeat(fs, path, keys):
             self.dataset, self.duplicate_rows = _without_later_rows(self.dataset, keys)
         self.manifest = read_manifest(fs, path)
 
@@ -65,6 +67,15 @@ class RunRows:
         for batch in self.dataset.to_batches(columns=list(columns), filter=where, batch_size=BATCH_ROWS):
             if batch.num_rows:
                 yield pa.Table.from_batches([batch])
+
+
+def _may_repeat(fs, path: str, keys: list[str]) -> bool:
+    """Whether a record may have two rows: a sweep's or an older run's may (their keys are read to tell); a run
+    whose position columns (io/done.py) cover no input row twice has none, and its ids are never read."""
+    if "point" in keys:
+        return True
+    done = done_rows(fs, path, remove_torn=False)
+    return done is None or done.repeated > 0
 
 
 def _without_later_rows(dataset: pads.FileSystemDataset, keys: list[str]) -> tuple[pads.Dataset, int]:

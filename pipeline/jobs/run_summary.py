@@ -13,11 +13,13 @@ import pyarrow.compute as pc
 
 from pipeline.decoding.stats import DecodeStats
 
+from pipeline.io.done import done_rows
 from pipeline.io.schema import STATS_COLUMNS
 from pipeline.io.storage import kept_rows, output_files, output_filesystem, output_tables
 from pipeline.jobs.schema import JobConfig
 from pipeline.metrics.memory import peak_rss_mib
-from pipeline.metrics.summary import actor_calls, busy_seconds, decode_totals, decoding_rate
+from pipeline.metrics.summary import actor_calls, busy_seconds, decoding_rate
+from pipeline.metrics.totals import decode_totals
 
 # What the job's closing summary reads.
 SUMMARY_COLUMNS = ["id", "point", "error", "engine", "quantize", "worker", "call_started_at", "call_seconds",
@@ -92,66 +94,114 @@ class RunSummary:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second}
 
 
-def summarize(job: JobConfig, *, records_in_input: int, decoded: pa.Array, job_started: float,
-              finished: float | None = None) -> RunSummary:
-    """The run's summary. ``job_started`` and ``finished`` (default: now) are Unix seconds (time.time(),
-    the clock of the rows' call_started_at): when the job started and when its output was written.
+def summarize(job: JobConfig, *, records_in_input: int, decoded: int, before: frozenset[str] = frozenset(),
+              sweep: bool = False, job_started: float, finished: float | None = None) -> RunSummary:
+    """The run's summary: `decoded` records were to be decoded, into the output files not in `before` (those
+    that were there when it began). ``job_started`` and ``finished`` (default: now) are Unix seconds
+    (time.time(), the clock of the rows' call_started_at): when the job started and its output was written.
 
-    Two passes over the output's files: the rows' keys first (which row of each id counts, which were
-    decoded now), then the rest of the columns file by file, summed, so that only the keys are ever held
-    whole."""
+    The output's position columns are read first (io/done.py): where no input row was written twice, every
+    row counts and only this run's files are read again, their columns summed file by file. A sweep's rows,
+    or an output with a repeated row, go by their keys instead: which row of each id (and point) counts."""
     fs, path = output_filesystem(job.output.path, job.output.storage_options)
+    done = None if sweep else done_rows(fs, path)
     files = output_files(fs, path)
-    keys = pa.concat_tables(output_tables(fs, files, ["id", "point", "error"])) if files else None
-    kept = np.zeros(keys.num_rows if keys else 0, dtype=bool)
-    if keys is not None and keys.num_rows:
-        kept[kept_rows(keys.select(["id", "point"]), keys["error"]).to_numpy()] = True
-    decoded_mask = kept & pc.is_in(keys["id"], value_set=decoded).to_numpy(zero_copy_only=False) if kept.size else kept
-    sums: Counter = Counter()
-    calls: dict[str, list] = defaultdict(list)
-    engines, quantized, errors, first_call, start = set(), set(), 0, None, 0
+    if done is not None and not done.repeated:
+        new = [file for file in files if file not in before]
+        counted, in_output, now = _sums(fs, new, None), done.rows, None
+    else:
+        keys = pa.concat_tables(output_tables(fs, files, ["id", "point", "error"])) if files else None
+        kept = np.zeros(keys.num_rows if keys else 0, dtype=bool)
+        if keys is not None and keys.num_rows:
+            kept[kept_rows(keys.select(["id", "point"]), keys["error"]).to_numpy()] = True
+        is_new = np.concatenate([np.full(size, file not in before) for file, size in
+                                 zip(files, _row_counts(fs, files))]) if files else kept
+        mask = kept & is_new
+        counted = _sums(fs, files, mask)
+        ids = keys["id"] if keys is not None else pa.array([], pa.string())
+        in_output = pc.count_distinct(ids.filter(pa.array(kept))).as_py() if kept.any() else 0
+        now = pc.count_distinct(ids.filter(pa.array(mask))).as_py() if mask.any() else 0
+    return _summary(job, counted, records_in_input=records_in_input, records_in_output=in_output,
+                    decoded_now=counted.records if now is None else now, skipped=records_in_input - decoded,
+                    repeated=done.repeated if done is not None else int((~kept).sum()),
+                    job_started=job_started, finished=finished)
+
+
+@dataclass
+class _Counted:
+    """What the summary sums over a run's rows, file by file."""
+    sums: Counter = dataclasses.field(default_factory=Counter)
+    calls: dict = dataclasses.field(default_factory=lambda: defaultdict(list))
+    engines: set = dataclasses.field(default_factory=set)
+    quantized: set = dataclasses.field(default_factory=set)
+    errors: int = 0
+    records: int = 0
+    first_call: float | None = None
+
+
+def _row_counts(fs, files: list[str]) -> list[int]:
+    import pyarrow.parquet as pq
+
+    counts = []
+    for file in files:
+        with fs.open(file, "rb") as handle:
+            counts.append(pq.ParquetFile(handle).metadata.num_rows)
+    return counts
+
+
+def _sums(fs, files: list[str], mask: np.ndarray | None) -> _Counted:
+    """The summary's sums over `files`' rows (those `mask` keeps, when given: one flag per row of the files in turn)."""
+    counted, start = _Counted(), 0
     for table in output_tables(fs, files, SUMMARY_COLUMNS):
-        now = table.filter(pa.array(decoded_mask[start:start + table.num_rows]))
-        start += table.num_rows
-        if not now.num_rows:
+        if mask is not None:
+            table, start = table.filter(pa.array(mask[start:start + table.num_rows])), start + table.num_rows
+        if not table.num_rows:
             continue
-        sums.update(decode_totals(now).to_dict())
-        for worker, found in actor_calls(now).items():
-            calls[worker].extend(found)  # a call's rows in two files: busy_seconds takes the union
-        engines |= {engine for engine in now["engine"].to_pylist() if engine}
-        quantized |= {q for q in now["quantize"].to_pylist() if q and q != "none"}
-        errors += int(pc.sum(pc.is_valid(now["error"])).as_py() or 0)
-        earliest = pc.min(now["call_started_at"]).as_py()
-        first_call = earliest if first_call is None or (earliest is not None and earliest < first_call) else first_call
-    totals = DecodeStats.from_sums(sums)
+        counted.records += table.num_rows
+        counted.sums.update(decode_totals(table).to_dict())
+        for worker, found in actor_calls(table).items():
+            counted.calls[worker].extend(found)  # a call's rows in two files: busy_seconds takes the union
+        counted.engines |= {engine for engine in pc.unique(table["engine"]).to_pylist() if engine}
+        counted.quantized |= {q for q in pc.unique(table["quantize"]).to_pylist() if q and q != "none"}
+        counted.errors += int(pc.sum(pc.is_valid(table["error"])).as_py() or 0)
+        earliest = pc.min(table["call_started_at"]).as_py()
+        if earliest is not None and (counted.first_call is None or earliest < counted.first_call):
+            counted.first_call = earliest
+    return counted
+
+
+def _summary(job: JobConfig, counted: _Counted, *, records_in_input: int, records_in_output: int, decoded_now: int,
+             skipped: int, repeated: int, job_started: float, finished: float | None) -> RunSummary:
+    totals = DecodeStats.from_sums(counted.sums)
+    calls = counted.calls
     busy = {worker: busy_seconds(found) for worker, found in calls.items()}
     wall_seconds = max(0.0, (time.time() if finished is None else finished) - job_started)
     # Start-up is part of the wall time; the bounds only guard against an actor's host clock that runs
     # apart from the driver's (call_started_at is taken there).
+    first_call = counted.first_call
     startup = min(wall_seconds, max(0.0, first_call - job_started)) if first_call is not None else None
-    ids = keys["id"] if keys is not None else pa.array([], pa.string())
     return RunSummary(
         job_name=job.name,
         output_path=job.output.path,
         records_in_input=records_in_input,
-        records_in_output=pc.count_distinct(ids.filter(pa.array(kept))).as_py() if kept.any() else 0,
-        decoded_now=pc.count_distinct(ids.filter(pa.array(decoded_mask))).as_py() if decoded_mask.any() else 0,
-        skipped_existing=records_in_input - len(decoded),
-        errors_now=errors,
+        records_in_output=records_in_output,
+        decoded_now=decoded_now,
+        skipped_existing=skipped,
+        errors_now=counted.errors,
         output_tokens_now=totals.output_tokens,
         wall_seconds=wall_seconds,
         small_share=totals.small_token_share,
         fallbacks_per_100_tokens=totals.fallbacks_per_100_tokens,
         rollbacks_per_100_tokens=totals.rollbacks_per_100_tokens,
-        engines=sorted(engines),
+        engines=sorted(counted.engines),
         decoding_tokens_per_second=decoding_rate({worker: sorted(found) for worker, found in calls.items()}),
         actors_busy_seconds=sum(busy.values()) / len(busy) if busy else 0.0,
         actors=len(busy),
         end_to_end_seconds=wall_seconds,
         startup_seconds=startup,
         driver_peak_rss_mib=peak_rss_mib(),
-        quantized=sorted(quantized),
+        quantized=sorted(counted.quantized),
         deferral_share=totals.deferral_share if totals.deferrals else None,
         plain_step_share=totals.plain_step_share,
-        duplicate_rows_skipped=int((~kept).sum()),
+        duplicate_rows_skipped=repeated,
     )

@@ -11,23 +11,7 @@ import pyarrow.compute as pc
 
 from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
-
-
-def _sum(table: pa.Table, column: str) -> int:
-    return int(pc.sum(table[column]).as_py() or 0) if table.num_rows else 0
-
-
-def latency_summary(latencies_ms: np.ndarray) -> dict[str, float]:
-    if latencies_ms.size == 0:
-        return {}
-    p50, p90, p99 = np.percentile(latencies_ms, [50, 90, 99])
-    return {"mean": float(latencies_ms.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
-
-
-def decode_totals(table: pa.Table) -> DecodeStats:
-    """The DecodeStats counters summed over a table's rows (columns it lacks count 0)."""
-    return DecodeStats.from_sums({name: _sum(table, name) for name in DecodeStats().to_dict()
-                                  if name in table.column_names})
+from pipeline.metrics.totals import RunTotals, decode_totals
 
 
 # Which of bild_behaviour's rows apply to which runs: a rate of something the method never does (a plain
@@ -58,10 +42,10 @@ def _applies(name: str, value, decoding: dict) -> bool:
     return True
 
 
-def bild_behaviour(table: pa.Table, decoding: dict | None = None) -> dict[str, float]:
-    """How BiLD behaved, over rows decoded without error; with the job's ``decoding`` section, only
-    the rows that apply to its method (APPLIES_TO)."""
-    totals = decode_totals(table)
+def bild_behaviour(rows: pa.Table | DecodeStats, decoding: dict | None = None) -> dict[str, float]:
+    """How BiLD behaved, over rows decoded without error (or their counters summed already); with the job's
+    ``decoding`` section, only the rows that apply to its method (APPLIES_TO)."""
+    totals = rows if isinstance(rows, DecodeStats) else decode_totals(rows)
     if not totals.output_tokens:
         return {}
     found = _behaviour(totals)
@@ -115,13 +99,14 @@ def decoding_rate(calls: dict[str, list[tuple[float, float, int]]]) -> float:
     return sum(sum(call[2] for call in found) / busy for found in calls.values() if (busy := busy_seconds(found)) > 0)
 
 
-def per_actor_throughput(table: pa.Table, wall_seconds: float | None) -> dict:
+def per_actor_throughput(rows: pa.Table | RunTotals, wall_seconds: float | None) -> dict:
     """Output tokens per second of busy time for each actor, its busy seconds, and the run's
     utilization: the actors' mean busy time over the run's wall time (the share of the end-to-end
     time an actor spent decoding). A run written before call timing existed falls back to the sum
     of its records' latencies, which counts a batch's time once per record (too low at batch > 1)."""
-    if "call_started_at" in table.column_names and table["call_started_at"].null_count < table.num_rows:
-        calls = actor_calls(table)
+    totals = rows if isinstance(rows, RunTotals) else RunTotals().add(rows)
+    if totals.timed_rows:
+        calls = totals.call_list()
         busy = {worker: busy_seconds(found) for worker, found in calls.items()}
         found = {"per_actor_output_tokens_per_s": {worker: sum(c[2] for c in calls[worker]) / busy[worker]
                                                    for worker in calls if busy[worker] > 0},
@@ -130,53 +115,25 @@ def per_actor_throughput(table: pa.Table, wall_seconds: float | None) -> dict:
         if wall_seconds and busy:
             found["utilization"] = sum(busy.values()) / len(busy) / wall_seconds
         return found
-    ok = table.filter(pc.is_null(table["error"])) if table.num_rows else table
-    tokens: dict[str, float] = defaultdict(float)
-    seconds: dict[str, float] = defaultdict(float)
-    for worker, out, latency in zip(ok["worker"].to_pylist(), ok["output_tokens"].to_pylist(),
-                                    ok["latency_ms"].to_pylist()):
-        tokens[worker] += out or 0
-        seconds[worker] += (latency or 0.0) / 1000.0
+    tokens, seconds = totals.worker_tokens, totals.worker_seconds
     return {"per_actor_output_tokens_per_s": {w: tokens[w] / seconds[w] for w in sorted(tokens) if seconds[w] > 0},
             "per_actor_basis": "sum of record latencies (a run without call timing)"}
 
 
-def error_kind(message: str) -> str:
-    """A short kind for an error message: the exception name, or its first words."""
-    head = message.split(":", 1)[0].strip()
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*(Error|Exception)", head):
-        return head
-    return " ".join(message.split()[:3])
-
-
-def errors_by_kind(messages: list[str], examples: int = 3) -> dict:
-    counts = Counter(error_kind(m) for m in messages)
-    found: dict[str, list[str]] = defaultdict(list)
-    for message in messages:
-        kind = error_kind(message)
-        if len(found[kind]) < examples and message not in found[kind]:
-            found[kind].append(message)
-    return {"count": len(messages),
-            "by_kind": {kind: {"count": n, "examples": found[kind]} for kind, n in counts.most_common()}}
-
-
-def run_summary(table: pa.Table, wall_seconds: float | None, decoding: dict | None = None) -> dict:
+def run_summary(totals: RunTotals, wall_seconds: float | None, decoding: dict | None = None) -> dict:
     """Records, throughput, latency, BiLD behaviour (the rows that apply to ``decoding``'s method) and
-    errors of one run's numeric table."""
-    ok = table.filter(pc.is_null(table["error"])) if table.num_rows else table
-    failed = [m for m in table["error"].to_pylist() if m] if table.num_rows else []
-    with_reference = int(pc.sum(pc.is_valid(table["reference"])).as_py() or 0) if table.num_rows else 0
-    tokens = _sum(ok, "output_tokens")
-    throughput = per_actor_throughput(table, wall_seconds)
+    errors of one run, from its rows' totals (metrics/totals.py)."""
+    stats = totals.decode_stats()
+    throughput = per_actor_throughput(totals, wall_seconds)
     if wall_seconds:
-        throughput.update(wall_seconds=wall_seconds, records_per_s=table.num_rows / wall_seconds,
-                          output_tokens_per_s=tokens / wall_seconds)
+        throughput.update(wall_seconds=wall_seconds, records_per_s=totals.rows / wall_seconds,
+                          output_tokens_per_s=stats.output_tokens / wall_seconds)
     return {
-        "records": {"total": table.num_rows, "ok": ok.num_rows, "errors": len(failed),
-                    "with_reference": with_reference},
+        "records": {"total": totals.rows, "ok": totals.ok, "errors": totals.rows - totals.ok,
+                    "with_reference": totals.with_reference},
         "throughput": throughput,
-        "latency_ms": latency_summary(np.asarray(ok["latency_ms"].to_pylist(), float) if ok.num_rows else np.array([])),
-        "engines": sorted({e for e in table["engine"].to_pylist() if e}) if "engine" in table.column_names else [],
-        "bild": bild_behaviour(ok, decoding),
-        "errors": errors_by_kind(failed),
+        "latency_ms": totals.latency.summary(),
+        "engines": sorted(totals.engines),
+        "bild": bild_behaviour(stats, decoding) if stats.output_tokens else {},
+        "errors": totals.errors(),
     }

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.decoding.stats import DecodeStats
-from pipeline.metrics.summary import bild_behaviour, decode_totals
+from pipeline.metrics.summary import bild_behaviour
+from pipeline.metrics.totals import decode_totals
 
 RECORDS = [
     DecodeStats(output_tokens=10, small_tokens=8, large_tokens=2, fallbacks=1, rollbacks=1, small_calls=9,

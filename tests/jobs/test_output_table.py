@@ -17,7 +17,7 @@ from pipeline.io.storage import (
     output_filesystem,
     read_output_table,
 )
-from pipeline.metrics.summary import decode_totals
+from pipeline.metrics.totals import decode_totals
 
 
 def rows(ids: list[str]) -> pa.Table:

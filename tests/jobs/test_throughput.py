@@ -46,7 +46,7 @@ def written_run(tmp_path, first_call: float) -> JobConfig:
 def test_the_summary_gives_decoding_and_end_to_end_throughput_with_start_up(tmp_path):
     job_started = time.time() - 50.0  # the first call began 20 s after the job started
     job = written_run(tmp_path, first_call=job_started + 20.0)
-    summary = summarize(job, records_in_input=5, decoded=pa.array(["1", "2", "3", "4", "5"]), job_started=job_started)
+    summary = summarize(job, records_in_input=5, decoded=5, job_started=job_started)
     assert summary.decoding_tokens_per_second == 30.0 and summary.actors == 2
     assert summary.actors_busy_seconds == (4.0 + 5.0) / 2
     assert abs(summary.startup_seconds - 20.0) < 1e-3  # until the first call began
@@ -63,7 +63,7 @@ def test_start_up_is_part_of_the_wall_time_on_one_clock(tmp_path):
     (an actor's host clock ahead of the driver's) cannot make start-up exceed it."""
     job_started = 1_000_000.0
     job = written_run(tmp_path, first_call=job_started + 20.0)
-    decoded = pa.array(["1", "2", "3", "4", "5"])
+    decoded = 5
     summary = summarize(job, records_in_input=5, decoded=decoded, job_started=job_started, finished=job_started + 30.0)
     assert (summary.startup_seconds, summary.wall_seconds, summary.end_to_end_seconds) == (20.0, 30.0, 30.0)
     skewed = summarize(job, records_in_input=5, decoded=decoded, job_started=job_started, finished=job_started + 15.0)
@@ -76,7 +76,7 @@ def test_the_summary_gives_the_drivers_peak_memory_of_this_program(tmp_path):
     import sys
 
     job = written_run(tmp_path, first_call=time.time())
-    summary = summarize(job, records_in_input=5, decoded=pa.array(["1"]), job_started=time.time())
+    summary = summarize(job, records_in_input=5, decoded=1, job_started=time.time())
     assert summary.driver_peak_rss_mib > 50 and "driver: peak memory" in summary.to_text()
     ballast = b"\1" * (400 << 20)  # written, so resident: this process is now 400 MiB above any child it starts
     child = subprocess.run([sys.executable, "-c", "from pipeline.metrics.memory import peak_rss_mib; "

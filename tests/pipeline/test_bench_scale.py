@@ -27,8 +27,10 @@ def test_the_pass_through_stage_writes_an_output_row_per_record():
     class Spec:
         job_name = "scale"
 
-    batch = pa.table({"id": ["a", "b"], "text": ["x", "y"], "reference": ["rx", None]})
+    batch = pa.table({"id": ["a", "b"], "text": ["x", "y"], "reference": ["rx", None], "input_file": ["f", "f"],
+                      "input_row": [0, 1]})
     out = PassThroughStage(Spec())(batch)
     assert out.schema == OUTPUT_SCHEMA
     assert out["id"].to_pylist() == ["a", "b"] and out["prediction"].to_pylist() == ["x", "y"]
     assert out["reference"].to_pylist() == ["rx", None] and out["error"].null_count == 2
+    assert out["input_row"].to_pylist() == [0, 1]  # its position: what a resume reads
