@@ -2,7 +2,7 @@
 Ray Data's own `read_parquet -> map_batches(identity) -> write_parquet` on the same files.
 
 What it measures is what the pipeline adds around decoding: listing, the id checks, the resume's "what is
-done", the to-do filter, the writes and the closing summary. Each side runs in a process of its own (a fresh
+done", the to-do filter, the writes and the closing summary; then `report` on the pipeline's output. Each side runs in a process of its own (a fresh
 driver with an embedded Ray, as a user's run starts), the sides alternating, so that each driver's peak RSS
 (metrics/memory.py) is its own. The decode stage is replaced by PassThroughStage, which this module alone
 names: no job file reaches it.
@@ -55,10 +55,13 @@ def _corpus_schema() -> pa.Schema:
 
 
 class PassThroughStage:
-    """The decode stage with decoding taken out: each record's output row holds its text as the prediction."""
+    """The decode stage with decoding taken out: each record's output row holds its text as the prediction, and
+    the quality statistics of that prediction against its reference, as an actor writes them (the report sums
+    them; counting them costs an actor 0.3 ms a row, so they are counted once per distinct pair)."""
 
     def __init__(self, spec, done_points=None):
         self.spec = spec
+        self.known: dict[str, list[float]] = {}  # prediction \x1f reference -> statistics
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.time()
@@ -67,9 +70,24 @@ class PassThroughStage:
                  "input_file": batch["input_file"], "input_row": batch["input_row"],
                  "method": pa.array(["none"] * count), "job_name": pa.array([self.spec.job_name] * count),
                  "call_started_at": pa.array(np.full(count, started)),
+                 "quality_stats": self._quality_stats(batch["text"], batch["reference"]),
                  "call_seconds": pa.array(np.full(count, time.time() - started))}
         return pa.table({field.name: given.get(field.name, pa.nulls(count, field.type)) for field in OUTPUT_SCHEMA},
                         schema=OUTPUT_SCHEMA)
+
+    def _quality_stats(self, predictions, references) -> pa.Array:
+        """Each row's statistics, in Arrow: the rows' distinct (prediction, reference) pairs counted once."""
+        from pipeline.metrics import quality as q
+
+        keys = pc.binary_join_element_wise(predictions, references, "\x1f")  # null where either is
+        new = [key for key in pc.unique(keys).drop_null().to_pylist() if key not in self.known]
+        if new:
+            pairs = [key.split("\x1f", 1) for key in new]
+            matrix = q.stats_matrix("translation", q.row_statistics("translation", *zip(*pairs)))
+            self.known.update({key: values.tolist() for key, values in zip(new, matrix)})
+        names = list(self.known)
+        return pc.take(pa.array([self.known[name] for name in names], pa.list_(pa.float64())),
+                       pc.index_in(keys, value_set=pa.array(names, pa.string())))
 
 
 def _job(corpus: Path, output: Path, limit: int | None = None):
@@ -96,8 +114,10 @@ def ours(corpus: Path, output: Path) -> dict:
             "first_record_s": summary.startup_seconds}
 
 
-def ray_data(corpus: Path, output: Path) -> dict:
-    """Ray Data's own identity pass over the same files, in this process."""
+def ray_data(corpus: Path, output: Path, same_rows: bool = False) -> dict:
+    """Ray Data's own identity pass over the same files, in this process; with `same_rows`, its map writes the
+    pipeline's output rows (PassThroughStage's, as a function fused with the read and the write): the same
+    bytes written, so that what remains between the two is what the pipeline adds."""
     import ray
 
     from pipeline.jobs.run import connect_ray
@@ -105,11 +125,37 @@ def ray_data(corpus: Path, output: Path) -> dict:
     started = time.time()
     connect_ray(min_cpus=2)
     files = sorted(str(path) for path in corpus.glob("*.parquet"))
-    dataset = ray.data.read_parquet(files).map_batches(lambda batch: batch, batch_format="pyarrow")
+    dataset = ray.data.read_parquet(files).map_batches(_output_rows if same_rows else _identity, batch_format="pyarrow")
     dataset.write_parquet(str(output), min_rows_per_file=ROWS_PER_OUTPUT_FILE)
     records = sum(pq.read_metadata(path).num_rows for path in Path(output).glob("*.parquet"))
     return {"wall_s": time.time() - started, "records": records, "peak_rss_mib": peak_rss_mib(),
             "first_record_s": None}
+
+
+def _identity(batch: pa.Table) -> pa.Table:
+    return batch
+
+
+def _output_rows(batch: pa.Table) -> pa.Table:
+    from pipeline.io.records import normalize_table
+
+    class Spec:
+        job_name = "scale"
+
+    records = normalize_table(batch, "id", "text", "ref")
+    records = records.append_column("input_file", pa.nulls(batch.num_rows, pa.string()))
+    return PassThroughStage(Spec())(records.append_column("input_row", pa.nulls(batch.num_rows, pa.int64())))
+
+
+def report(corpus: Path, output: Path) -> dict:
+    """`bild-pipeline report` on the pipeline's output, in this process: what it costs at this size."""
+    from pipeline.jobs.report import build_report, write_report
+
+    started = time.time()
+    summary, totals = build_report(str(output))
+    write_report(summary, totals, output / "report")
+    return {"wall_s": time.time() - started, "records": summary["records"]["total"], "peak_rss_mib": peak_rss_mib(),
+            "bleu": summary["quality"].get("bleu")}
 
 
 def half_done(corpus: Path, output: Path, records: int) -> None:
@@ -119,7 +165,9 @@ def half_done(corpus: Path, output: Path, records: int) -> None:
     run_job(_job(corpus, output, limit=records // 2), stage=PassThroughStage)
 
 
-SIDES = {"ours": ours, "ray_data": ray_data}
+SIDES = {"ours": ours, "ray_data": ray_data,
+         "ray_data_same_rows": lambda corpus, output: ray_data(corpus, output, same_rows=True)}
+STEPS = {**SIDES, "report": report}
 
 
 def run_side(side: str, corpus: Path, output: Path, *, half_of: int | None = None) -> dict:
@@ -160,8 +208,12 @@ def run_scale_bench(sizes: list[int], repeats: int, workdir: Path, resume: bool 
             row[f"{side}_records_per_s"] = size / row[f"{side}_wall_s"]
             row[f"{side}_peak_rss_mib"] = max(run["peak_rss_mib"] for run in found)
         row["ours_first_record_s"] = statistics.median(run["first_record_s"] for run in runs["ours"])
-        row["speed_ours_over_ray_data"] = statistics.median(
-            r["wall_s"] / o["wall_s"] for o, r in zip(runs["ours"], runs["ray_data"]))
+        for other in ("ray_data", "ray_data_same_rows"):
+            row[f"speed_ours_over_{other}"] = statistics.median(
+                r["wall_s"] / o["wall_s"] for o, r in zip(runs["ours"], runs[other]))
+        reported = json.loads(_child("report", corpus, workdir / "out-ours").strip().splitlines()[-1])
+        assert reported["records"] == size, f"report counted {reported['records']}"
+        row.update(report_wall_s=reported["wall_s"], report_peak_rss_mib=reported["peak_rss_mib"])
         if resume:
             resumed = run_side("ours", corpus, workdir / "out-resume", half_of=size)
             row.update(resume_wall_s=resumed["wall_s"], resume_first_record_s=resumed["first_record_s"],
@@ -172,14 +224,17 @@ def run_scale_bench(sizes: list[int], repeats: int, workdir: Path, resume: bool 
 
 
 def render_scale(rows: list[dict]) -> str:
-    lines = ["| records | ours: s | Ray Data: s | ours / Ray Data records/s | ours: first record s | "
-             "driver peak MiB: ours | Ray Data | resume half done: s | first record s | driver peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| records | ours: s | Ray Data: s | ours / Ray Data records/s | Ray Data writing our rows: s | ours / it | "
+             "ours: first record s | driver peak MiB: ours | Ray Data | report: s | report peak MiB | "
+             "resume half done: s | first record s | driver peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(
             f"| {row['records']:,} | {row['ours_wall_s']:.1f} | {row['ray_data_wall_s']:.1f} | "
-            f"{row['speed_ours_over_ray_data']:.2f}x | {row['ours_first_record_s']:.1f} | "
+            f"{row['speed_ours_over_ray_data']:.2f}x | {row['ray_data_same_rows_wall_s']:.1f} | "
+            f"{row['speed_ours_over_ray_data_same_rows']:.2f}x | {row['ours_first_record_s']:.1f} | "
             f"{row['ours_peak_rss_mib']:.0f} | {row['ray_data_peak_rss_mib']:.0f} | "
+            + (f"{row['report_wall_s']:.1f} | {row['report_peak_rss_mib']:.0f} | " if "report_wall_s" in row else "| | ")
             + (f"{row['resume_wall_s']:.1f} | {row['resume_first_record_s']:.1f} | {row['resume_peak_rss_mib']:.0f} |"
                if "resume_wall_s" in row else "| | |"))
     return "\n".join(lines)
@@ -190,7 +245,7 @@ def main(argv: list[str]) -> None:
     if side == "half":
         half_done(corpus, output, int(argv[3]))
         return
-    print(json.dumps(SIDES[side](corpus, output)), flush=True)
+    print(json.dumps(STEPS[side](corpus, output)), flush=True)
 
 
 if __name__ == "__main__":

@@ -188,8 +188,9 @@ def _bench_inputs(small, large, dtype, device, threads, engine, source, referenc
 @override_option
 @click.option("--decode", type=click.Choice(["model", "none"]), default="model", show_default=True,
               help="none: decoding taken out (each record passed through), --limit synthetic short records, the "
-                   "pipeline against Ray Data's own read_parquet -> map_batches(identity) -> write_parquet, each in "
-                   "a driver process of its own: wall time, records/s, driver peak RSS; and a resume half done.")
+                   "pipeline against Ray Data's own read_parquet -> map_batches(identity) -> write_parquet (and the "
+                   "same writing the pipeline's output rows), each in a driver process of its own: wall time, "
+                   "records/s, driver peak RSS; report on the output; and a resume half done.")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="--decode none: where the synthetic corpus is written (and kept: a later run reuses it) and the "
                    "runs write (default: a temporary folder).")

@@ -16,7 +16,8 @@ import time
 import pyarrow.parquet as pq
 
 from pipeline.io.storage import output_files
-from pipeline.metrics.summary import actor_calls, decoding_rate
+from pipeline.metrics.summary import decoding_rate
+from pipeline.metrics.totals import actor_calls
 
 PROGRESS_COLUMNS = ["output_tokens", "worker", "call_started_at", "call_seconds", "error"]
 

@@ -353,6 +353,7 @@ def write_report(summary: dict, totals: RunTotals, out_dir: str | Path) -> list[
     out.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
     ok = totals.sampled_rows()
+    ok = ok.filter(pc.is_valid(ok["latency_ms"])) if ok is not None else None  # a row without timing: not plotted
     name = summary.get("job_name") or "run"
     if ok is not None and ok.num_rows:
         made.append(plots.latency_histogram(ok["latency_ms"].to_numpy(), out / "latency.png", f"{name}: latency per record"))

@@ -18,8 +18,8 @@ from pipeline.io.schema import STATS_COLUMNS
 from pipeline.io.storage import kept_rows, output_files, output_filesystem, output_tables
 from pipeline.jobs.schema import JobConfig
 from pipeline.metrics.memory import peak_rss_mib
-from pipeline.metrics.summary import actor_calls, busy_seconds, decoding_rate
-from pipeline.metrics.totals import decode_totals
+from pipeline.metrics.summary import busy_seconds, decoding_rate
+from pipeline.metrics.totals import actor_calls, decode_totals
 
 # What the job's closing summary reads.
 SUMMARY_COLUMNS = ["id", "point", "error", "engine", "quantize", "worker", "call_started_at", "call_seconds",

@@ -1,13 +1,8 @@
-"""Throughput, latency, BiLD behaviour and errors from a run's numeric columns (no texts)."""
+"""Throughput, latency, BiLD behaviour and errors of a run, worded from its rows' totals (metrics/totals.py)."""
 
 from __future__ import annotations
 
-import re
-from collections import Counter, defaultdict
-
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
@@ -68,18 +63,6 @@ def _behaviour(totals: DecodeStats) -> dict[str, float]:
         "plain_steps": totals.plain_steps,  # large-model steps taken without drafting (decoding.adaptive_draft)
         "plain_step_share": totals.plain_step_share,
     }
-
-
-def actor_calls(table: pa.Table) -> dict[str, list[tuple[float, float, int]]]:
-    """Each actor's calls (the `worker` column): (start, seconds, output tokens of rows decoded
-    without error), in time order. Every row of a call carries the call's start and duration."""
-    calls: dict[str, dict[tuple[float, float], int]] = defaultdict(lambda: defaultdict(int))
-    for worker, start, seconds, tokens, error in zip(*(table[c].to_pylist() for c in (
-            "worker", "call_started_at", "call_seconds", "output_tokens", "error"))):
-        if start is not None and seconds is not None:
-            calls[worker][(start, seconds)] += 0 if error else (tokens or 0)
-    return {worker: sorted((start, seconds, tokens) for (start, seconds), tokens in found.items())
-            for worker, found in sorted(calls.items())}
 
 
 def busy_seconds(calls: list[tuple[float, float, int]]) -> float:

@@ -43,6 +43,25 @@ def error_kind(message: str) -> str:
     return " ".join(message.split()[:3])
 
 
+def actor_calls(table: pa.Table) -> dict[str, list[tuple[float, float, int]]]:
+    """Each actor's calls (the `worker` column): (start, seconds, output tokens of rows decoded
+    without error), in time order. Every row of a call carries the call's start and duration."""
+    calls: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for row in _call_tokens(table).to_pylist():
+        calls[row["worker"]].append((row["start"], row["seconds"], row["tokens_sum"]))
+    return {worker: sorted(found) for worker, found in sorted(calls.items())}
+
+
+def _call_tokens(table: pa.Table) -> pa.Table:
+    """One row per actor call among `table`'s rows (worker, start, seconds, tokens_sum), summed in Arrow: a batch of
+    65,536 rows is a few hundred calls, never 65,536 Python tuples."""
+    timed = table.filter(pc.and_(pc.is_valid(table["call_started_at"]), pc.is_valid(table["call_seconds"])))
+    tokens = pc.if_else(pc.is_valid(timed["error"]), 0, pc.fill_null(timed["output_tokens"], 0)).cast(pa.int64())
+    calls = pa.table({"worker": timed["worker"], "start": timed["call_started_at"], "seconds": timed["call_seconds"],
+                      "tokens": tokens})
+    return calls.group_by(["worker", "start", "seconds"], use_threads=False).aggregate([("tokens", "sum")])
+
+
 @dataclass
 class LatencySketch:
     exact: list = field(default_factory=list)  # arrays, while the rows are few
@@ -134,16 +153,16 @@ class RunTotals:
     def _add_calls(self, table: pa.Table, ok: pa.Table) -> None:
         if "call_started_at" in table.column_names:
             self.timed_rows += table.num_rows - table["call_started_at"].null_count
-            for worker, start, seconds, tokens, error in zip(*(table[c].to_pylist() for c in (
-                    "worker", "call_started_at", "call_seconds", "output_tokens", "error"))):
-                if start is not None and seconds is not None:
-                    self.calls[worker][(start, seconds)] += 0 if error else (tokens or 0)
+            for row in _call_tokens(table).to_pylist():
+                self.calls[row["worker"]][(row["start"], row["seconds"])] += row["tokens_sum"]
         if "latency_ms" not in ok.column_names:
             return
-        for worker, out, latency in zip(ok["worker"].to_pylist(), ok["output_tokens"].to_pylist(),
-                                        ok["latency_ms"].to_pylist()):
-            self.worker_tokens[worker] += out or 0
-            self.worker_seconds[worker] += (latency or 0.0) / 1000.0
+        per_worker = pa.table({"worker": ok["worker"], "tokens": pc.fill_null(ok["output_tokens"], 0).cast(pa.int64()),
+                               "seconds": pc.divide(pc.fill_null(ok["latency_ms"], 0.0), 1000.0)})
+        for row in per_worker.group_by("worker", use_threads=False).aggregate(
+                [("tokens", "sum"), ("seconds", "sum")]).to_pylist():
+            self.worker_tokens[row["worker"]] += row["tokens_sum"]
+            self.worker_seconds[row["worker"]] += row["seconds_sum"]
 
     def _add_flags(self, table: pa.Table) -> None:
         checked = table.filter(pc.is_valid(table["stopped_by_budget"]))

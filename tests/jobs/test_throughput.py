@@ -12,7 +12,8 @@ from pipeline.io.schema import OUTPUT_SCHEMA, STATS_COLUMNS
 from pipeline.io.storage import data_path
 from pipeline.jobs.run_summary import summarize
 from pipeline.jobs.schema import JobConfig
-from pipeline.metrics.summary import actor_calls, decoding_rate
+from pipeline.metrics.summary import decoding_rate
+from pipeline.metrics.totals import actor_calls
 
 
 def row(record_id: str, worker: str, start: float, seconds: float, tokens: int, error=None) -> dict:

@@ -34,3 +34,17 @@ def test_the_pass_through_stage_writes_an_output_row_per_record():
     assert out["id"].to_pylist() == ["a", "b"] and out["prediction"].to_pylist() == ["x", "y"]
     assert out["reference"].to_pylist() == ["rx", None] and out["error"].null_count == 2
     assert out["input_row"].to_pylist() == [0, 1]  # its position: what a resume reads
+
+
+def test_the_pass_through_stage_writes_the_quality_statistics_an_actor_would():
+    from pipeline.metrics import quality as q
+
+    class Spec:
+        job_name = "scale"
+
+    batch = pa.table({"id": ["a", "b", "c"], "text": ["Ein Hund.", "Zwei Hunde.", "Ein Hund."],
+                      "reference": ["A dog.", "Two dogs.", None], "input_file": ["f"] * 3, "input_row": [0, 1, 2]})
+    stats = PassThroughStage(Spec())(batch)["quality_stats"].to_pylist()
+    expected = q.stats_matrix("translation", q.row_statistics("translation", ["Ein Hund.", "Zwei Hunde."],
+                                                              ["A dog.", "Two dogs."]))
+    assert stats[:2] == expected.tolist() and stats[2] is None
