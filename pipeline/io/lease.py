@@ -111,6 +111,15 @@ class OutputLease:
             f"run wrote: this run could not renew its lease for {self.ttl:.0f} s ({TTL_VARIABLE}) and was taken for "
             f"dead. It stopped writing; the other run holds the output now.")
 
+    def check_held(self) -> None:
+        """Raise lost_error() unless the lease is still this run's: read before a run's last writes (its manifest),
+        for a run that finished its rows between two renewals after another run took the output over."""
+        holder = self._read() or {}
+        if self.lost is None and holder.get("run_id") != self.holder["run_id"]:
+            self.lost = holder
+        if self.lost is not None:
+            raise self.lost_error()
+
     def _stop_the_run(self) -> None:
         """Interrupt the driver's main thread; if the run has not left the lease's block a renewal period later
         (at most FENCE_SECONDS), end the process with EXIT_LEASE_LOST: it must not write beside the new holder."""

@@ -241,6 +241,7 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
         raise
 
     finished = time.time()
+    lease.check_held()  # rows written between two renewals after a takeover: no manifest over the other run's
     if job.output.retry_errors:  # the error rows decoded again give way to their new rows
         drop_superseded_rows(out_fs, out_path, ["id", "point"] if sweep else ["id"])
     summary = summarize(job, records_in_input=todo.records_in_input, decoded=todo.to_decode, before=before,

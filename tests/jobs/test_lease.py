@@ -189,3 +189,18 @@ def test_of_two_runs_racing_for_one_stale_lease_exactly_one_wins(store, tmp_path
     finally:
         for winner in winners:
             winner.__exit__(None, None, None)
+
+
+def test_a_run_checks_its_lease_before_its_last_writes(tmp_path):
+    """A run that finished its rows between two renewals after another run took the output over learns it before
+    writing its manifest (run.py): check_held raises, naming the other run, and leaves the other's lease alone."""
+    from pipeline.io.lease import OutputLeaseLost
+
+    fs, path = open_filesystem(str(tmp_path / "out"))
+    with OutputLease(fs, path, ttl=60, on_lost=lambda: None) as lease:
+        lease.check_held()  # its own: nothing happens
+        other = {"run_id": "intruder", "host": "elsewhere", "pid": 7, "renewed_at": time.time()}
+        (tmp_path / "out" / LEASE).write_text(json.dumps(other))
+        with pytest.raises(OutputLeaseLost, match="run intruder on host elsewhere"):
+            lease.check_held()
+    assert json.loads((tmp_path / "out" / LEASE).read_text()) == other
