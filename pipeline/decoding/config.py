@@ -7,7 +7,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +17,7 @@ CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "b
 
 Method = Literal["bild", "speculative", "cascade", "large", "small"]
 DraftWindow = Literal["fixed", "fallback"]
-METHODS: tuple[str, ...] = ("bild", "speculative", "cascade", "large", "small")
+METHODS: tuple[str, ...] = get_args(Method)
 # Speculative cascades' deferral rules (policies.deferral; Narasimhan et al., ICLR 2025).
 DEFERRALS: tuple[str, ...] = ("chow", "diff", "opt")
 DRAFT_WINDOWS: tuple[str, ...] = ("fixed", "fallback")

@@ -195,7 +195,7 @@ class OutputSection(_Section):
 class ReportSection(_Section):
     """What the report compares the job's output with (the decoding itself is `decoding:`)."""
 
-    baseline: Literal["bild", "speculative", "large", "small"] | None = Field(
+    baseline: Literal[METHODS] | None = Field(
         default=None,
         description="Also decode the first `baseline_records` records with this method, on the same actors and "
                     "in the same calls as the job's own (side by side); the report then shows the speedup over "

@@ -92,3 +92,13 @@ def test_jsonl_lines_with_bad_bytes_keep_their_id():
     assert records[0]["input_error"] is None
     assert "UTF-8" in records[1]["input_error"] and "JSON" in records[2]["input_error"]
     assert "object" in records[3]["input_error"]
+
+
+def test_report_baseline_takes_every_decoding_method():
+    """The baseline's methods are the decoding methods (one list), cascade among them."""
+    from pipeline.decoding.config import METHODS
+    from pipeline.jobs.schema import ReportSection
+
+    assert "cascade" in METHODS
+    for method in METHODS:
+        assert ReportSection(baseline=method).baseline == method
