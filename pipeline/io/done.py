@@ -25,25 +25,35 @@ class DoneRows:
     repeated: int = 0  # rows beyond the first of an input row (a retried write's)
     files: int = 0
 
+    def joined(self, other: "DoneRows") -> "DoneRows":
+        """The rows of both outputs' files together: a row in both counts once and as a repeat."""
+        names = self.ranges.keys() | other.ranges.keys()
+        merged = {name: merge([*self.ranges.get(name, ()), *other.ranges.get(name, ())]) for name in names}
+        rows = sum(stop - start for ranges in merged.values() for start, stop in ranges)
+        written = self.rows + self.repeated + other.rows + other.repeated
+        return DoneRows(ranges=merged, rows=rows, repeated=written - rows, files=self.files + other.files)
 
-def done_rows(fs, path: str, skip_errors: bool = False, remove_torn: bool = True) -> DoneRows | None:
-    """The input rows an output holds (with `skip_errors`, those whose row holds no error); None when a file
-    lacks the position columns or a row their values (written before they existed: the caller goes by id).
-    A torn file is removed (storage.readable_tables), unless not `remove_torn`."""
+
+def done_rows(fs, path: str, skip_errors: bool = False, remove_torn: bool = True,
+              files: list[str] | None = None) -> DoneRows | None:
+    """The input rows an output holds (with `skip_errors`, those whose row holds no error; with `files`, those of
+    these output files only); None when a file lacks the position columns or a row their values (written before
+    they existed: the caller goes by id). A torn file is removed (storage.readable_tables), unless not
+    `remove_torn`."""
     found: dict[str, list[tuple[int, int]]] = {}
-    written, files = 0, 0
-    for _, table in readable_tables(fs, path, [*POSITION_COLUMNS, "error"], remove_torn):
+    written, count = 0, 0
+    for _, table in readable_tables(fs, path, [*POSITION_COLUMNS, "error"], remove_torn, files):
         if not set(POSITION_COLUMNS) <= set(table.column_names) or table["input_row"].null_count:
             return None
         if skip_errors and "error" in table.column_names:
             table = table.filter(pc.is_null(table["error"]))
-        files += 1
+        count += 1
         written += table.num_rows
         for name, ranges in file_ranges(table).items():
             found.setdefault(name, []).extend(ranges)
     merged = {name: merge(ranges) for name, ranges in found.items()}
     rows = sum(stop - start for ranges in merged.values() for start, stop in ranges)
-    return DoneRows(ranges=merged, rows=rows, repeated=written - rows, files=files)
+    return DoneRows(ranges=merged, rows=rows, repeated=written - rows, files=count)
 
 
 def file_ranges(table: pa.Table) -> dict[str, list[tuple[int, int]]]:

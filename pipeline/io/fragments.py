@@ -149,8 +149,7 @@ def read_fragment(fs, input_config, fragment: Fragment, ids_only: bool = False) 
     if ids_only:
         table = table.select(["id"])
     rows = np.arange(fragment.start, fragment.start + table.num_rows, dtype=np.int64)
-    table = table.append_column("input_file", pa.array(np.full(table.num_rows, fragment.name, dtype=object),
-                                                       pa.string()))
+    table = table.append_column("input_file", pa.repeat(pa.scalar(fragment.name, pa.string()), table.num_rows))
     table = table.append_column("input_row", pa.array(rows))
     if fragment.skip:
         keep = np.ones(table.num_rows, dtype=bool)

@@ -1,10 +1,9 @@
 """The input's ids checked on the workers: none missing, none repeated, the driver holding no id.
 
-Each fragment's task hashes its ids (64 bits) and splits the hashes into buckets by their top bits; one
-task per bucket sorts what every fragment sent it and answers the hashes that repeat. Only then are the
-ids behind those hashes read again and counted, so a hash collision between two ids is never reported
-as a repeat. The driver holds object references, a few per fragment, and the few ids it names.
-Measured against hashing on the driver: docs/jobs.md ("At scale").
+Each fragment's task hashes its ids (64 bits) and splits the hashes into buckets (hash modulo the number of
+buckets); one task per bucket sorts what every fragment sent it and answers the hashes that repeat. Only
+then are the ids behind those hashes read again and counted, so a hash collision between two ids is never
+reported as a repeat. The driver holds object references, a few per fragment, and the few ids it names.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def _hashes(ids: pa.Array) -> np.ndarray:
 
 
 def _hash_fragment(fs, input_config, fragment: Fragment, buckets: int):
-    """(rows, ids missing), then the fragment's id hashes in `buckets` parts by their top bits."""
+    """(rows, ids missing), then the fragment's id hashes in `buckets` parts (hash modulo `buckets`)."""
     ids = read_fragment(fs, input_config, fragment, ids_only=True)["id"].combine_chunks()
     missing = ids.null_count
     hashes = _hashes(ids.drop_null())

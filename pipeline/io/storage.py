@@ -84,20 +84,6 @@ def missing_columns(input_config, names: list[str], where: str) -> list[str]:
             for key, name in wanted if name and name not in names]
 
 
-def check_ids(ids: pa.Array) -> pa.Array:
-    """``ids`` unless one is missing or repeated (InputError)."""
-    import pyarrow.compute as pc
-
-    if ids.null_count:
-        raise InputError(f"{ids.null_count} input record(s) have no id (a null or empty id)")
-    counts = pc.value_counts(ids)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated):
-        examples = ", ".join(f"{item['values']!r} x{item['counts']}" for item in repeated[:5].to_pylist())
-        raise InputError(f"{len(repeated)} input id(s) occur more than once, e.g. {examples}; ids must be unique")
-    return ids
-
-
 def output_files(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
     """The Parquet files of the run at `path` (its data directory), as the store lists them now."""
     data = data_path(path)
@@ -138,13 +124,14 @@ def existing_rows(fs: fsspec.AbstractFileSystem, path: str, columns: list[str]) 
 
 
 def readable_tables(fs: fsspec.AbstractFileSystem, path: str, columns: list[str] | None = None,
-                    remove_torn: bool = True):
-    """(file, its table of `columns`) for each output file in turn, a column a file lacks left out.
+                    remove_torn: bool = True, files: list[str] | None = None):
+    """(file, its table of `columns`) for each output file in turn (or each of `files`), a column a file lacks
+    left out.
 
     A torn file (a write cut off by a crash) is removed, so its records are decoded again, never
     lost or doubled; not `remove_torn` (a reader that does not hold the lease), it raises as any
     other failure to read a file does: OutputReadError, removing nothing."""
-    for file in output_files(fs, path):
+    for file in output_files(fs, path) if files is None else files:
         try:
             with fs.open(file, "rb") as handle:
                 parquet = pq.ParquetFile(handle)

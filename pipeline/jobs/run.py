@@ -244,8 +244,10 @@ def _run_holding_the_lease(job: JobConfig, address, points: Points, sweep: bool,
     lease.check_held()  # rows written between two renewals after a takeover: no manifest over the other run's
     if job.output.retry_errors:  # the error rows decoded again give way to their new rows
         drop_superseded_rows(out_fs, out_path, ["id", "point"] if sweep else ["id"])
+    # What the output held before the run, unless its error rows were decoded again: their old rows are gone now.
+    previous = None if job.output.retry_errors else todo.done
     summary = summarize(job, records_in_input=todo.records_in_input, decoded=todo.to_decode, before=before,
-                        sweep=sweep, job_started=job_started, finished=finished)
+                        previous=previous, sweep=sweep, job_started=job_started, finished=finished)
     attempt.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), summary=summary.to_dict())
     manifest["status"] = "succeeded"
     write_manifest(out_fs, out_path, manifest)

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from pipeline.decoding.stats import DecodeStats
 
-from pipeline.io.done import done_rows
+from pipeline.io.done import DoneRows, done_rows
 from pipeline.io.schema import STATS_COLUMNS
 from pipeline.io.storage import kept_rows, output_files, output_filesystem, output_tables
 from pipeline.jobs.schema import JobConfig
@@ -95,19 +95,29 @@ class RunSummary:
 
 
 def summarize(job: JobConfig, *, records_in_input: int, decoded: int, before: frozenset[str] = frozenset(),
-              sweep: bool = False, job_started: float, finished: float | None = None) -> RunSummary:
+              previous: DoneRows | None = None, sweep: bool = False, job_started: float,
+              finished: float | None = None) -> RunSummary:
     """The run's summary: `decoded` records were to be decoded, into the output files not in `before` (those
     that were there when it began). ``job_started`` and ``finished`` (default: now) are Unix seconds
     (time.time(), the clock of the rows' call_started_at): when the job started and its output was written.
 
-    The output's position columns are read first (io/done.py): where no input row was written twice, every
-    row counts and only this run's files are read again, their columns summed file by file. A sweep's rows,
-    or an output with a repeated row, go by their keys instead: which row of each id (and point) counts."""
+    The output's position columns are read first (io/done.py): only this run's files' where `previous` says what
+    the others held (todo.py read it before the run), every file's otherwise. Where no input row was written
+    twice, every row counts and only this run's files are read again, their columns summed file by file. A
+    sweep's rows, or an output with a repeated row, go by their keys instead: which row of each id (and point)
+    counts."""
     fs, path = output_filesystem(job.output.path, job.output.storage_options)
-    done = None if sweep else done_rows(fs, path)
+    files = output_files(fs, path)
+    new = [file for file in files if file not in before]
+    if sweep:
+        done = None
+    elif previous is not None:
+        added = done_rows(fs, path, files=new)
+        done = None if added is None else previous.joined(added)
+    else:
+        done = done_rows(fs, path)
     files = output_files(fs, path)
     if done is not None and not done.repeated:
-        new = [file for file in files if file not in before]
         counted, in_output, now = _sums(fs, new, None), done.rows, None
     else:
         keys = pa.concat_tables(output_tables(fs, files, ["id", "point", "error"])) if files else None

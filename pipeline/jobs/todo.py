@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pipeline.io.done import DoneRows, done_rows
 from pipeline.io.fragments import Fragment, counted, first_rows, plan_fragments, read_fragment, without_done
 from pipeline.io.id_check import check_unique_ids
-from pipeline.io.storage import check_ids, existing_rows
+from pipeline.io.storage import existing_rows
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ class Todo:
     to_decode: int  # records
     ids: pa.Array | None = None  # resuming by id: the ids to decode, else None (every record read is decoded)
     partial: dict = dataclasses.field(default_factory=dict)  # a sweep's {id: points already done}
-    done: DoneRows | None = None  # resuming by position: what the output held
+    done: DoneRows | None = None  # by position: what the output held (rows with an error left out when they are
+    #                                retried); None where the run goes by id
 
     def dataset(self, fs, input_config, block_rows: int):
         """The records to decode, as a lazy Ray dataset in blocks of at most `block_rows` rows."""
@@ -78,8 +79,8 @@ def plan_todo(fs, input_config, fragments: list[Fragment], out_fs, out_path: str
     """What to decode. `point_names`: a sweep's points (None for a job). With `retry_errors`, a row holding an
     error does not count as done."""
     total = sum(fragment.rows for fragment in fragments)
-    if not resume:
-        return Todo(fragments, total, total)
+    if not resume:  # the output holds no rows (overwrite cleared it; output.mode error refuses one that does)
+        return Todo(fragments, total, total, done=DoneRows())
     done = None if point_names is not None else done_rows(out_fs, out_path, skip_errors=retry_errors)
     if done is not None:
         todo = without_done(fragments, done.ranges)
@@ -87,8 +88,9 @@ def plan_todo(fs, input_config, fragments: list[Fragment], out_fs, out_path: str
             log.warning("%d duplicate row(s) of records already in %s (a retried write): each counts once",
                         done.repeated, out_path)
         return Todo(todo, total, sum(fragment.rows for fragment in todo), done=done)
-    ids = check_ids(pa.concat_arrays([read_fragment(fs, input_config, fragment, ids_only=True)["id"].combine_chunks()
-                                      for fragment in fragments]) if fragments else pa.array([], pa.string()))
+    # The ids were checked by input_fragments: here they are only read, on the driver, as this path needs them.
+    ids = pa.concat_arrays([read_fragment(fs, input_config, fragment, ids_only=True)["id"].combine_chunks()
+                            for fragment in fragments]) if fragments else pa.array([], pa.string())
     wanted, partial = _by_id(out_fs, out_path, ids, point_names, retry_errors)
     return Todo(fragments, total, len(wanted), ids=wanted, partial=partial)
 

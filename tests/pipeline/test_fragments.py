@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io import fragments as fr
-from pipeline.io.done import done_rows, file_ranges, merge
+from pipeline.io.done import DoneRows, done_rows, file_ranges, merge
 from pipeline.io.storage import InputError, data_path, input_files, open_filesystem, output_files
 from pipeline.jobs.run import run_job
 from pipeline.jobs.todo import input_fragments, plan_todo
@@ -52,6 +52,14 @@ def test_an_outputs_rows_become_merged_ranges_and_repeats_are_counted():
     assert merge([(5, 7), (0, 2), (2, 3), (6, 9)]) == ((0, 3), (5, 9))
 
 
+def test_two_outputs_joined_count_a_row_in_both_once_and_as_a_repeat():
+    """The summary joins what the output held before the run with this run's files (run_summary.py)."""
+    before = DoneRows({"x": ((0, 5),)}, rows=5, repeated=0, files=1)
+    now = DoneRows({"x": ((4, 8),), "y": ((0, 2),)}, rows=6, repeated=1, files=2)
+    joined = before.joined(now)
+    assert (joined.ranges, joined.rows, joined.repeated, joined.files) == ({"x": ((0, 8),), "y": ((0, 2),)}, 10, 2, 3)
+
+
 def test_done_rows_reads_positions_and_an_older_output_has_none(tmp_path):
     fs, path = open_filesystem(str(tmp_path / "out"))
     fs.makedirs(data_path(path))
@@ -62,6 +70,8 @@ def test_done_rows_reads_positions_and_an_older_output_has_none(tmp_path):
     done = done_rows(fs, path)
     assert (done.ranges, done.rows, done.repeated, done.files) == ({"a": ((0, 3),)}, 3, 1, 2)
     assert done_rows(fs, path, skip_errors=True).ranges == {"a": ((0, 3),)}  # row 1 decoded again in 2.parquet
+    only = done_rows(fs, path, files=[f"{data_path(path)}/2.parquet"])
+    assert (only.ranges, only.rows, only.files) == ({"a": ((1, 2),)}, 1, 1)
     pq.write_table(pa.table({"id": ["w"], "error": [None]}), f"{data_path(path)}/0.parquet")
     assert done_rows(fs, path) is None
 
