@@ -49,8 +49,7 @@ class DecodeStageSpec:
     config_hash: str
     torch_threads: int = 1
     sweep: bool = False  # adds the `point` column
-    batch_size: int = 1  # > 1: the records of a call are decoded together (pipeline.decoding.batch)
-    verify_share: float = 1.0
+    batch: BatchPolicy = BatchPolicy(batch_size=1)  # compute's batching keys; > 1: a call's records decoded together
     baseline: DecodingConfig | None = None  # report.baseline: a second method for the paired records
     baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
     baseline_engine: str | None = None  # report.baseline_engine where it differs from models.engine
@@ -81,7 +80,7 @@ class DecodeStage:
         hf_logging.disable_progress_bar()  # one weight-loading bar per actor is noise in any log
         self.spec = spec
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
-        self._pairs: dict[str, ModelPair] = {}  # one loaded pair per engine the passes ask for
+        self._pairs: dict[str, ModelPair] = {}  # one loaded pair per pair engine the passes ask for
         self.generators = [(name, self._decoder(spec.models, config)) for name, config in spec.points]
         baseline_models = dataclasses.replace(spec.models, engine=spec.baseline_engine or spec.models.engine)
         self.passes = self.generators + ([(BASELINE, self._decoder(baseline_models, spec.baseline))]
@@ -93,30 +92,25 @@ class DecodeStage:
         # first with each pass in turn (counted by records, the demo's calls of 4 began with `bild` every time:
         # its first records ran 11% slower than the baseline's).
         self.pass_orders, self.calls_seen = balanced_orders(len(self.passes)), 0
-        self.batch_policy = BatchPolicy(batch_size=spec.batch_size, verify_share=spec.verify_share)
+        self.batch_policy = spec.batch
         self.schema = SWEEP_SCHEMA if spec.sweep else OUTPUT_SCHEMA
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.guard = CallGuard(spec.in_flight_registry, self.worker)
         for _, generator in self.passes:  # first-call set-up must not count as a record's latency
             generator.generate(["warm up", "warm up"], batch=self.batch_policy)
-        for pair in self._pairs.values():  # ... nor as what the window choosers measure: they learn what rounds
-            pair.forget_measurements()  # cost from scripted ones instead, before the first record
+        for _, generator in self.passes:  # ... nor as what the window choosers measure: they learn what rounds
+            generator.decoder.forget_measurements()  # cost from scripted ones instead, before the first record
         for _, generator in self.passes:
             generator.calibrate(self.batch_policy)
 
-    def _decoder(self, models: ModelSpec, config: DecodingConfig):
-        """A Generator over the actor's model pair on that engine (loaded once), or a CT2Generator where
-        the engine is ct2; either's engine_kind and quantize are what the output's columns say ran."""
+    def _decoder(self, models: ModelSpec, config: DecodingConfig) -> Generator:
+        """A Generator over the Decoder of that engine (decoders.open_decoder; a pair engine's pair loaded once
+        per engine); its ran() is what the output's columns say ran."""
         # Imported here, in the actor: a job's driver imports this module for the class alone, and torch with
         # transformers' model loading took 3 of its 4 s of imports, all before Ray started.
-        from pipeline.decoding import Generator, ModelPair
-        from pipeline.decoding.ct2_generator import CT2Generator
+        from pipeline.decoding.decoders import open_generator
 
-        if models.engine == "ct2":
-            return CT2Generator(models, config, threads=max(1, self.spec.torch_threads))
-        if models.engine not in self._pairs:
-            self._pairs[models.engine] = ModelPair.from_spec(models)
-        return Generator(self._pairs[models.engine], config)
+        return open_generator(models, config, threads=max(1, self.spec.torch_threads), pairs=self._pairs)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
@@ -195,7 +189,7 @@ class DecodeStage:
 
     def _output_row(self, row: dict, point: str, result: GenerationResult, baseline: GenerationResult | None,
                     call: dict) -> dict:
-        ran = dict(self.generators)[point]  # its engines' attention and int8 scheme, as of this call
+        ran = dict(self.generators)[point].ran()  # what its decoder ran on, as of this call
         out = {
             "id": row["id"],
             "reference": row.get("reference"),
@@ -206,14 +200,14 @@ class DecodeStage:
             "job_name": self.spec.job_name,
             "config_hash": self.spec.config_hash,
             "worker": self.worker,
-            "engine": self.generators[0][1].engine_kind,
-            "quantize": self.generators[0][1].quantize,
-            "attention": ran.attention_path,
+            "engine": ran.engine,
+            "quantize": ran.quantize,
+            "attention": ran.attention,
             "int8_scheme": ran.int8_scheme,
             **call,
         }
         if baseline is not None:
-            out.update(baseline_method=baseline.method, baseline_engine=self.passes[-1][1].engine_kind,
+            out.update(baseline_method=baseline.method, baseline_engine=self.passes[-1][1].ran().engine,
                        baseline_prediction=baseline.prediction,
                        baseline_error=baseline.error, baseline_output_tokens=baseline.stats.output_tokens,
                        baseline_latency_ms=baseline.latency_ms)

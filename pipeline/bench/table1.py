@@ -78,7 +78,7 @@ def run_table1(models: str | Path, source: str | Path, reference: str | Path, pr
             "rollbacks_per_100_tokens": stats.rollbacks_per_100_tokens,
             "draft_acceptance": stats.draft_acceptance,
         })
-    cost = cost_model(generators["BiLD (unaligned)"].pair, sources[0], bild.max_draft_tokens)
+    cost = cost_model(generators["BiLD (unaligned)"].decoder.pair, sources[0], bild.max_draft_tokens)
     return {"sentences": len(sources), "decoding": bild.to_dict(), "torch_threads": torch.get_num_threads(),
             "bleu_signature": signatures("translation")["bleu"], "rows": rows, "cost": cost}
 

@@ -59,25 +59,22 @@ def _generate_settings(ctx: click.Context, job_file, overrides):
     job = load_job_or_exit(job_file, overrides)
     spec = dataclasses.replace(job.models.to_spec(), **_given(ctx, model_keys))
     config = decoding_config({**job.decoding.model_dump(), **_given(ctx, decoding_keys)})
-    batch = BatchPolicy(batch_size=job.compute.batch_size, verify_share=job.compute.verify_share)
+    batch = job.compute.batch_policy()
     language = job.input.language if job.input.segment == "sentence" else None
     return spec, config, params["prompt"] or job.prompt, batch, language
 
 
 def _generator(spec: ModelSpec, config: DecodingConfig):
-    """A Generator over the loaded pair, or CTranslate2's for engine ct2 (exit 2 where it cannot run)."""
-    if spec.engine != "ct2":
-        from pipeline.decoding import Generator
+    """A Generator over the loaded pair, or over a whole decoder's (engine ct2; exit 2 where it cannot run)."""
+    from pipeline.decoding import Generator
+    from pipeline.decoding.decoders import open_generator
+    from pipeline.decoding.engines.registry import entry
 
+    if entry(spec.engine).pair:
         return Generator(load_pair(spec), config)
-    from pipeline.decoding.ct2_generator import CT2Generator
-    from pipeline.decoding.engines.ct2_engine import available
-
-    if not available():
-        raise click.UsageError("--engine ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
     try:
-        return CT2Generator(spec, config)
-    except ValueError as exc:
+        return open_generator(spec, config)
+    except (ValueError, ImportError) as exc:
         raise click.UsageError(str(exc)) from exc
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import click
 
-from pipeline.decoding.config import (DEFERRALS, DRAFT_WINDOWS, DTYPE_NAMES, ENGINES, METHODS, PAIR_ENGINES,
-                                     QUANTIZE_NAMES, DecodingConfig)
+from pipeline.decoding.config import DEFERRALS, ENGINES, DecodingConfig, ModelSpec
+from pipeline.decoding.engines.registry import PAIR_ENGINES, engines_help
+from pipeline.decoding.settings import choices_of, help_of, types_of
 
 
 def options(*specs):
@@ -61,67 +65,53 @@ def cascade_grid(values: tuple[str, ...]) -> dict[str, list[float]]:
 override_option = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
                                help="Override a job key.")
 
-_ENGINE_HELP = ("auto/native: our own forward pass where the architecture has one (T5 and BART families), else "
-                "Hugging Face's modules (logged); hf: always Hugging Face's; onnx: the native engine's decoder step "
-                "as one onnxruntime call (CPU, float32 or --quantize int8; the fastest on a CPU)")
-engine_option = click.option("--engine", type=click.Choice(PAIR_ENGINES), default="auto", show_default=True,
-                             help=_ENGINE_HELP + ".")
-# Where one model may decode alone (methods large and small), CTranslate2 too.
-any_engine_option = click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-                                 help=_ENGINE_HELP + "; ct2: CTranslate2 (--method large or small).")
+def setting_option(settings: type, name: str, **changes):
+    """The click option of one field of a settings dataclass (decoding/config.py): --its-name, its type or
+    choices, default and help from the field; ``changes``: click.option's arguments where they differ."""
+    field = next(field for field in dataclasses.fields(settings) if field.name == name)
+    hint, flag = types_of(settings)[name], field.metadata.get("flag")
+    arguments = {"help": help_of(field) or None, "show_default": True}
+    if field.default is dataclasses.MISSING:
+        arguments["required"] = True
+    else:
+        arguments["default"] = field.default
+    choices = choices_of(hint)
+    if hint is bool:
+        flags = flag or f"--{name.replace('_', '-')}/--no-{name.replace('_', '-')}"
+        if "/" not in flags:  # a flag that only turns the setting on
+            arguments["is_flag"] = True
+    else:
+        flags = f"--{name.replace('_', '-')}"
+        if choices is not None:
+            arguments["type"] = click.Choice(choices)
+        else:  # int | TokenBudget: a number on the command line
+            arguments["type"] = next(t for t in (int, float, str) if t is hint or t in typing.get_args(hint))
+    return click.option(flags, name, **{**arguments, **changes})
 
-quantize_option = click.option(
-    "--quantize", type=click.Choice(QUANTIZE_NAMES), default="none", show_default=True,
-    help="int8: both models' linear layers and output heads in int8 (the native engine where it pays, the onnx "
-         "engine everywhere; on a CPU, float32; the job key models.quantize).")
 
-_MODEL_SETTINGS = (
-    click.option("--tokenizer", default=None, help="Tokenizer (default: the large model's)."),
-    click.option("--dtype", default="float32", show_default=True,
-                 type=click.Choice(DTYPE_NAMES)),
-    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1 ..."),
-    click.option("--trust-remote-code", is_flag=True, default=False, help="Allow model code from the hub."),
-)
+def settings_options(settings: type, **changes: dict):
+    """One option per field of ``settings`` that has one, in its order (``changes``: per field name)."""
+    return options(*(setting_option(settings, field.name, **changes.get(field.name, {}))
+                     for field in dataclasses.fields(settings) if field.metadata.get("option", True)))
+
+
+engine_option = setting_option(ModelSpec, "engine", type=click.Choice(PAIR_ENGINES), help=engines_help(PAIR_ENGINES))
+quantize_option = setting_option(ModelSpec, "quantize")
 
 
 def model_option_group(required: bool = True, ct2: bool = False):
-    """--small, --large and how to run them; `required`: whether --small and --large must be given; `ct2`:
-    whether --engine offers CTranslate2."""
-    return options(
-        click.option("--small", required=required, help="Small (drafting) model: hub id or local folder."),
-        click.option("--large", required=required, help="Large (verifying) model: hub id or local folder."),
-        *_MODEL_SETTINGS, any_engine_option if ct2 else engine_option, quantize_option)
+    """ModelSpec's options; `required`: whether --small and --large must be given; `ct2`: whether --engine
+    offers CTranslate2 (a whole decoder)."""
+    optional = {} if required else {"required": False, "default": None}
+    engines = ENGINES if ct2 else PAIR_ENGINES
+    return settings_options(ModelSpec, small=optional, large=optional,
+                            engine={"type": click.Choice(engines), "help": engines_help(engines)})
 
 
 model_options = model_option_group(required=True)
 
-_defaults = DecodingConfig()
-
 # One option per DecodingConfig field, with the job file's names; decoding_config() reads them back.
-decoding_options = options(
-    click.option("--method", type=click.Choice(METHODS), default=_defaults.method, show_default=True),
-    click.option("--fallback-threshold", type=float, default=_defaults.fallback_threshold, show_default=True,
-                 help="alpha_FB: the small model falls back when its top probability is below this."),
-    click.option("--rollback-threshold", type=float, default=_defaults.rollback_threshold, show_default=True,
-                 help="alpha_RB: a draft with -log pL above this (and not the large model's choice) rolls back."),
-    click.option("--max-draft-tokens", type=int, default=_defaults.max_draft_tokens, show_default=True),
-    click.option("--draft-window", type=click.Choice(DRAFT_WINDOWS), default=_defaults.draft_window,
-                 show_default=True, help="speculative and cascade: fixed k, or BiLD's fallback window."),
-    click.option("--adaptive-draft/--no-adaptive-draft", default=_defaults.adaptive_draft, show_default=True,
-                 help="Each round's window (0 included) from measured costs, or always --max-draft-tokens."),
-    click.option("--deferral", type=click.Choice(DEFERRALS), default=_defaults.deferral, show_default=True,
-                 help="cascade: the rule that defers a drafted position to the large model."),
-    click.option("--deferral-threshold", type=float, default=_defaults.deferral_threshold, show_default=True,
-                 help="cascade: the rule's alpha (higher: fewer deferrals)."),
-    click.option("--lenience", type=float, default=_defaults.lenience, show_default=True,
-                 help="speculative: lossy speculative sampling's lambda in [0, 1) (0: lossless)."),
-    click.option("--max-input-tokens", type=int, default=_defaults.max_input_tokens, show_default=True),
-    click.option("--max-new-tokens", type=int, default=_defaults.max_new_tokens, show_default=True),
-    click.option("--do-sample/--greedy", default=_defaults.do_sample, show_default=True),
-    click.option("--temperature", type=float, default=_defaults.temperature, show_default=True),
-    click.option("--top-p", type=float, default=_defaults.top_p, show_default=True),
-    click.option("--seed", type=int, default=_defaults.seed, show_default=True),
-)
+decoding_options = settings_options(DecodingConfig)
 
 
 def decoding_config(values: dict) -> DecodingConfig:

@@ -1,9 +1,10 @@
 """The decoding core: BiLD and speculative decoding over a small/large Hugging Face model pair.
 
-config and policies hold the rules, scheduler drives them over a batch of rows, and the engines
-(engines/: hf_engine, the native t5_engine and bart_engine, onnx_engine) run the models behind one
-seam (engine.py). generator turns texts into rows; ct2_generator does so with CTranslate2 (engines/ct2_engine)
-decoding the ids instead.
+config holds the settings (each written once, settings.py) and rules.py which go together; policies judges
+drafts, scheduler drives them over a batch of rows, and the engines (engines/: hf_engine, the native t5_engine
+and bart_engine, onnx_engine; one line each in engines/registry.py) run the models behind one seam (engine.py).
+generator turns texts into rows around a Decoder (decoder.py): pair_decoder.py over a pair, ct2_decoder.py with
+CTranslate2 decoding the ids alone; decoders.open_decoder picks one.
 
 Pure torch + transformers (no Ray, fsspec or click), so it can be read and tested on its own.
 Names load lazily, so that reading a config (``pipeline.decoding.config``) does not import torch.
@@ -22,6 +23,9 @@ _EXPORTS = {
     "Feed": "engine",
     "GenerationResult": "stats",
     "Generator": "generator",
+    "Decoder": "decoder",
+    "open_decoder": "decoders",
+    "open_generator": "decoders",
     "InputError": "generator",
     "HFEngine": "engines.hf_engine",
     "UnsupportedModelError": "engines.hf_engine",

@@ -17,12 +17,11 @@ engine runs it so today); an engine may override it to run the window without Py
 
 ``HFEngine`` (engines/hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
 engines (engines/t5_engine.py, one file per model family) run their own forward pass over a preallocated
-cache. ``engine_kind`` decides which one a model gets.
+cache. models.resolve_engine decides which one a pair gets (engines/registry.py).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -30,11 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.config import PAIR_ENGINES
 from pipeline.decoding.policies import fallback
 from pipeline.decoding.sampling import greedy, to_probs
 
-log = logging.getLogger("pipeline.decoding")
 
 
 @dataclass(frozen=True)
@@ -352,34 +349,3 @@ def place_logits(logits: torch.Tensor, index: torch.Tensor | None, feed: Feed) -
     out = logits.new_zeros((rows * most, logits.shape[-1]))
     out[index] = logits
     return out.view(rows, most, -1)
-
-
-def engine_kind(requested: str, reasons: dict[str, str | None],
-                onnx_reasons: dict[str, str | None] | None = None) -> str:
-    """The engine a pair runs on: "native" (or "onnx", when asked for) where every model of it has
-    one, else "hf".
-
-    ``reasons`` maps a role ("small", "large") to why the native engine (and so the onnx one, which
-    uses its weights) cannot run that model, or None; ``onnx_reasons`` to why the onnx engine cannot
-    where the native one can (it then runs the native one). A fallback is logged once; the output
-    is never wrong, only slower.
-    """
-    if requested not in PAIR_ENGINES:
-        raise ValueError(f"a model pair's engine is one of {', '.join(PAIR_ENGINES)}, got {requested!r}")
-    if requested == "hf":
-        return "hf"
-    missing = {role: reason for role, reason in reasons.items() if reason}
-    if missing:
-        log.warning("engine %s: running on the Hugging Face engine (%s)", requested, _why(missing))
-        return "hf"
-    if requested != "onnx":
-        return "native"
-    missing = {role: reason for role, reason in (onnx_reasons or {}).items() if reason}
-    if missing:
-        log.warning("engine onnx: running on the native engine (%s)", _why(missing))
-        return "native"
-    return "onnx"
-
-
-def _why(reasons: dict[str, str]) -> str:
-    return "; ".join(f"{role}: {reason}" for role, reason in reasons.items())

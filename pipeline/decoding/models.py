@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -13,16 +15,17 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding.engines import bart_engine, onnx_engine, onnx_sessions, t5_engine
-from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec, engine_problem
+from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
 from pipeline.decoding.draft_length import DraftLength
-from pipeline.decoding.engine import Engine, engine_kind
-from pipeline.decoding.engines.hf_engine import HFEngine
-from pipeline.decoding.engines.native import NativeEngine, NativeWeights
+from pipeline.decoding.engine import Engine
+from pipeline.decoding.engines import registry
+from pipeline.decoding.engines.native_pair import native_weights, unsupported_reason as native_unsupported_reason
 from pipeline.decoding.pair_check import IncompatiblePairError, check_configs, check_pair
+from pipeline.decoding.rules import engine_problem
 
-# The model families the native engine runs: each module has unsupported_reason(model) and a weights class.
-NATIVE_FAMILIES = ((t5_engine, t5_engine.T5Weights), (bart_engine, bart_engine.BartWeights))
+__all__ = ["ModelPair", "build_engine", "load_model", "native_unsupported_reason", "native_weights", "prepare",
+           "resolve_device", "resolve_dtype", "resolve_engine"]
+log = logging.getLogger(__name__)
 
 # The torch dtype of each name config.DTYPE_NAMES allows ("auto" is resolved per device below).
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
@@ -108,9 +111,7 @@ class ModelPair:
         # A small model cut out of the large one (pipeline/training/shrink.py) keeps its encoder:
         # then one encoder pass serves both decoders.
         self.shares_encoder = self.is_encoder_decoder and same_encoder(self.small, self.large)
-        reasons = {"small": native_unsupported_reason(self.small), "large": native_unsupported_reason(self.large)}
-        onnx_reasons = {"small": onnx_unsupported_reason(self.small), "large": onnx_unsupported_reason(self.large)}
-        self.engine_kind = engine_kind(self.engine_request, reasons, onnx_reasons)
+        self.engine_kind = resolve_engine(self.engine_request, {"small": self.small, "large": self.large})
         problem = engine_problem(self.engine_kind, self.quantize, self.device.type, self.dtype_name)
         if problem:  # the job schema asked before the device and engine were resolved
             resolved = "" if self.engine_kind == self.engine_request else \
@@ -193,50 +194,43 @@ class ModelPair:
         return torch.tensor([self.decoder_start_token_id] + ([forced] if forced is not None else []), dtype=torch.long)
 
 
-def native_unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why no native engine runs ``model`` (None when one does)."""
-    if any(family.unsupported_reason(model) is None for family, _ in NATIVE_FAMILIES):
-        return None
-    return f"no native engine for {type(model).__name__} ({model.config.model_type})"
+def resolve_engine(requested: str, models: dict[str, PreTrainedModel]) -> str:
+    """The pair engine ``models`` (role -> model) run on: ``requested`` where every model runs on it, else the
+    first engine down its registry line's falls_back_to that runs them all. A fallback is logged once, with why;
+    the output is never wrong, only slower."""
+    if not registry.entry(requested).pair:
+        raise ValueError(f"a model pair's engine is one of {', '.join(registry.PAIR_ENGINES)}, got {requested!r}")
+    name, why = registry.AUTO if requested == "auto" else requested, {}
+    while True:
+        missing = {role: reason for role, model in models.items() if (reason := _module(name).unsupported_reason(model))}
+        if not missing:
+            break
+        why, name = missing, registry.entry(name).falls_back_to
+    if why:
+        shown = "the Hugging Face" if name == "hf" else f"the {name}"
+        log.warning("engine %s: running on %s engine (%s)", requested, shown,
+                    "; ".join(f"{role}: {reason}" for role, reason in why.items()))
+    return name
 
 
-def onnx_unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why the onnx engine cannot run ``model`` where the native engine can (None when it can)."""
-    for family, _ in NATIVE_FAMILIES:
-        if family.unsupported_reason(model) is None:
-            return onnx_sessions.unsupported_reason(family.head_size(model.config))
-    return None
-
-
-def native_weights(model: PreTrainedModel, quantize: str = "none") -> NativeWeights:
-    """``model``'s weights laid out by its family for the native engine (int8 where ``quantize`` asks)."""
-    for family, weights in NATIVE_FAMILIES:
-        if family.unsupported_reason(model) is None:
-            return weights(model, quantize)
-    raise ValueError(native_unsupported_reason(model))
+def _module(engine: str):
+    """A pair engine's module (its registry line): unsupported_reason, prepare and build."""
+    return importlib.import_module(registry.entry(engine).module)
 
 
 def prepare(model: PreTrainedModel, kind: str, quantize: str = "none"):
-    """What ``model``'s engines of ``kind`` share whatever their slots: the native engine's weights
-    (int8 where ``quantize`` asks), with the onnx engine's sessions (which quantize their own: the
-    weights stay float); None for Hugging Face's."""
-    if kind == "onnx":
-        weights = native_weights(model)
-        return weights, onnx_sessions.OnnxSessions(weights, quantize)
-    return native_weights(model, quantize) if kind == "native" else None
+    """What ``model``'s engines of ``kind`` share whatever their slots (the native engine's weights, int8 where
+    ``quantize`` asks; the onnx engine's sessions; nothing for Hugging Face's)."""
+    return _module(kind).prepare(model, quantize)
 
 
 def build_engine(model: PreTrainedModel, kind: str, slots: int, quantize: str = "none", *, prepared=None) -> Engine:
-    """An engine of ``kind`` ("native", "onnx" or "hf") for ``model`` with ``slots`` rows, its matrices
-    ``quantize``d; or on ``prepared`` (``prepare``'s result, quantized as it was prepared)."""
+    """An engine of ``kind`` (a pair engine) for ``model`` with ``slots`` rows, its matrices ``quantize``d; or on
+    ``prepared`` (``prepare``'s result, quantized as it was prepared)."""
     if prepared is not None and quantize != "none":
         raise ValueError("build_engine: pass quantize or prepared, not both (prepared weights are quantized already)")
     prepared = prepare(model, kind, quantize) if prepared is None else prepared
-    if kind == "onnx":
-        return onnx_engine.OnnxEngine(*prepared, slots)
-    if kind == "native":
-        return NativeEngine(prepared, slots)
-    return HFEngine(model, slots)
+    return _module(kind).build(model, prepared, slots)
 
 
 def same_encoder(small: PreTrainedModel, large: PreTrainedModel) -> bool:

@@ -103,7 +103,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, verbose: bool = F
 def _check_engines(job: JobConfig, points: "Points") -> None:
     """Engine ct2 (models.engine or report.baseline_engine) needs the ctranslate2 package and runs the
     plain methods only: a sweep's grid points decode with both models."""
-    from pipeline.decoding.config import ct2_method_problem
+    from pipeline.decoding.rules import ct2_method_problem
 
     wanted = [key for key, engine in (("models.engine", job.models.engine),
                                       ("report.baseline_engine", job.report.baseline_engine)) if engine == "ct2"]
@@ -135,8 +135,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in
         config_hash=job.config_hash(),
         torch_threads=max(1, int(job.compute.cpus_per_actor)),
         sweep=sweep,
-        batch_size=job.compute.batch_size,
-        verify_share=job.compute.verify_share,
+        batch=job.compute.batch_policy(),
         baseline=baseline,
         baseline_ids=frozenset(first.to_pylist()) if baseline else frozenset(),
         baseline_engine=job.report.baseline_engine if baseline else None,

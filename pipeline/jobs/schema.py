@@ -9,27 +9,14 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from pipeline.decoding.config import (
-    DEFERRALS,
-    DTYPE_NAMES,
-    ENGINES,
-    METHODS,
-    PLAIN_METHODS,
-    QUANTIZE_NAMES,
-    DecodingConfig,
-    ModelSpec,
-    ct2_method_problem,
-    engine_problem,
-)
+from pipeline.decoding import rules
+from pipeline.decoding.config import ENGINES, METHODS, BatchPolicy, DecodingConfig, ModelSpec, TokenBudget
 from pipeline.io.segments import SEGMENTS
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from pipeline.jobs.sections import Section as _Section, settings_section
 
 
 class InputSection(_Section):
@@ -52,82 +39,31 @@ class InputSection(_Section):
                     "rules for input.segment: sentence.")
 
 
-class ModelsSection(_Section):
-    """The fields of pipeline.decoding.ModelSpec, validated here so errors name the key."""
-
-    small: str
-    large: str
-    tokenizer: str | None = None
-    dtype: Literal[DTYPE_NAMES] = "float32"
-    device: str = "auto"
-    trust_remote_code: bool = False
-    engine: Literal[ENGINES] = Field(
-        default="auto",
-        description="auto/native: our own forward pass where the architecture has one (the T5 and BART "
-                    "families), else Hugging Face's modules (logged once per actor); hf: always Hugging Face's; "
-                    "onnx: the native engine with its decoder step run by onnxruntime (CPU, float32; faster there); "
-                    "ct2: CTranslate2 (methods large and small: the model decodes alone; converted once per "
-                    "checkpoint into models.ct2_cache; a converted CTranslate2 folder is taken as it is).")
-    quantize: Literal[QUANTIZE_NAMES] = Field(
-        default="none",
-        description="int8: both models' linear layers and output heads in int8 (per-channel weights, per-row "
-                    "activations) where it pays; the native engine on a CPU in float32 only; CTranslate2's int8 "
-                    "compute type with engine ct2 (int8_float16 on a GPU).")
-    ct2_cache: str | None = Field(
-        default=None,
-        description="engine ct2: the local folder of converted checkpoints, one per checkpoint content hash "
-                    "(default ~/.cache/bild-pipeline/ct2).")
-
+class ModelsSection(settings_section(ModelSpec, "ModelsSection")):
     @model_validator(mode="after")
-    def _int8_runs_where_it_can(self):
-        problem = engine_problem(self.engine, self.quantize, self.device, self.dtype)
+    def _engine_runs_where_it_can(self):
+        problem = rules.engine_problem(self.engine, self.quantize, self.device, self.dtype)
         if problem:
             raise ValueError(problem)
         return self
 
     def to_spec(self) -> ModelSpec:
-        return ModelSpec(**self.model_dump())
+        return self.to_settings()
 
 
-class TokenBudgetSection(_Section):
-    """decoding.max_new_tokens in its ratio form (pipeline.decoding.config.TokenBudget)."""
-
-    ratio: float = Field(gt=0.0, description="Tokens the output may have per input token.")
-    extra: int = Field(default=0, ge=0, description="Tokens added to ratio x input tokens (short inputs, EOS).")
-    cap: int | None = Field(default=None, ge=1, description="The most any unit may generate (default: no cap "
-                                                             "but the ratio of max_input_tokens).")
+TokenBudgetSection = settings_section(TokenBudget, "TokenBudgetSection")
+_WHOLE_NUMBER = TypeAdapter(int)
 
 
-_WHOLE_NUMBER = TypeAdapter(Annotated[int, Field(ge=1)])
+def _said(item: dict) -> str:
+    """A pydantic error item in our words (a validator's own message without "Value error, ")."""
+    if item["type"] == "extra_forbidden":
+        return "unknown key"
+    return str(item.get("ctx", {}).get("error", item["msg"]))
 
 
-class DecodingSection(_Section):
-    """The fields of pipeline.decoding.DecodingConfig, validated here so errors name the key."""
-
-    method: Literal[METHODS] = "bild"
-    fallback_threshold: float = Field(default=0.4, ge=0.0, le=1.0)
-    rollback_threshold: float = Field(default=3.0, ge=0.0)
-    max_draft_tokens: int = Field(default=10, ge=1)
-    draft_window: Literal["fixed", "fallback"] = "fixed"
-    adaptive_draft: bool = Field(
-        default=True, description="Choose each round's draft window (0 included: a plain large step) from measured "
-                                  "costs and acceptance, at most max_draft_tokens (the default: never slower than "
-                                  "large). Lossy methods and sampled rows then follow the windows chosen; false: "
-                                  "always max_draft_tokens, so that they repeat exactly run to run.")
-    deferral: Literal[DEFERRALS] = Field(
-        default="chow", description="cascade: the deferral rule (chow, diff, opt; docs/decoding.md).")
-    deferral_threshold: float = Field(
-        default=0.1, description="cascade: the rule's alpha (chow: [0, 1], diff: [-1, 1], opt: >= 0); a higher "
-                                 "alpha defers less.")
-    lenience: float = Field(
-        default=0.0, ge=0.0, lt=1.0, description="speculative: lossy speculative sampling's lambda (0: lossless).")
-    max_input_tokens: int = Field(default=512, ge=1)
-    max_new_tokens: Annotated[int, Field(ge=1)] | TokenBudgetSection = Field(
-        default=128,
-        description="Tokens a unit (a record, or a sentence with input.segment: sentence) may generate, EOS "
-                    "included: a number, or {ratio: R, extra: E, cap: C} for min(C, ceil(R x input tokens) + E), "
-                    "its input tokens counted after truncation, the prompt included (the input_tokens column).")
-
+class DecodingSection(settings_section(DecodingConfig, "DecodingSection",
+                                       types={"max_new_tokens": int | TokenBudgetSection})):
     @field_validator("max_new_tokens", mode="before")
     @classmethod
     def _one_budget_form(cls, value):
@@ -136,47 +72,38 @@ class DecodingSection(_Section):
         try:
             return form.model_validate(value) if form is TokenBudgetSection else form.validate_python(value)
         except ValidationError as exc:
-            problems = [f"{'.'.join(map(str, item['loc']))}: "
-                        f"{'unknown key' if item['type'] == 'extra_forbidden' else item['msg']}" if item["loc"]
-                        else item["msg"] for item in exc.errors()]
+            problems = [f"{'.'.join(map(str, item['loc']))}: {_said(item)}" if item["loc"] else _said(item)
+                        for item in exc.errors()]
             hint = "" if form is TokenBudgetSection else " (a number, or {ratio: R, extra: E, cap: C})"
             raise ValueError("; ".join(problems) + hint) from None
-    do_sample: bool = False
-    temperature: float = Field(default=1.0, gt=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int = 0
 
     @model_validator(mode="after")
     def _settings_fit_together(self):
-        if self.method != "cascade":  # as DecodingConfig refuses lenience outside speculative
-            for key in ("deferral", "deferral_threshold"):
-                if getattr(self, key) != type(self).model_fields[key].default:
-                    raise ValueError(f"decoding.{key} is the cascade method's; decoding.method is {self.method!r}")
-        self.to_config()  # DecodingConfig's own checks (a deferral_threshold out of its rule's range, ...)
+        problem = rules.written_decoding_problem(self.model_dump(exclude_unset=False), DecodingConfig())
+        if problem:
+            raise ValueError(problem)
+        self.to_config()  # DecodingConfig's own rules (a deferral_threshold out of its rule's range, ...)
         return self
 
     def to_config(self) -> DecodingConfig:
-        return DecodingConfig(**self.model_dump())
+        return self.to_settings()
 
 
-class ComputeSection(_Section):
+class ComputeSection(settings_section(BatchPolicy, "ComputeSection")):
+    """How many actors decode and what each holds; the batching keys are BatchPolicy's."""
+
     actors: int = Field(default=1, ge=1, description="Decoding actors, each holding one model pair.")
     gpus_per_actor: float = Field(default=0.0, ge=0.0)
     cpus_per_actor: float = Field(default=1.0, gt=0.0)
-    batch_size: int = Field(
-        default=8, ge=1,
-        description="Records an actor decodes together (continuous batching, each with its own fallbacks and "
-                    "rollbacks); 1 decodes record by record.")
-    verify_share: float = Field(
-        default=1.0, gt=0.0, le=1.0,
-        description="Batched bild/speculative: call the large model once this share of the batch waits for it "
-                    "(1.0, measured fastest in BENCHMARKS.md: once every row waits).")
     records_per_call: int | None = Field(
         default=None, ge=1,
         description="Records Ray hands an actor per call (default 4 x batch_size: rows to refill the batch from).")
 
     def records_per_actor_call(self) -> int:
         return self.records_per_call or 4 * self.batch_size
+
+    def batch_policy(self) -> BatchPolicy:
+        return BatchPolicy(**{field.name: getattr(self, field.name) for field in dataclasses.fields(BatchPolicy)})
 
 
 class OutputSection(_Section):
@@ -229,23 +156,12 @@ class JobConfig(_Section):
     def _reference_differs_from_text(self) -> "JobConfig":
         if self.input.reference_column and self.input.reference_column == self.input.text_column:
             raise ValueError("input.reference_column must differ from input.text_column")
-        baseline_engine = self.report.baseline_engine or self.models.engine
-        if self.report.baseline is not None and self.report.baseline == self.decoding.method \
-                and baseline_engine == self.models.engine:
-            raise ValueError("report.baseline must differ from decoding.method (or run on another "
-                             "report.baseline_engine)")
-        if self.models.engine == "ct2" or baseline_engine == "ct2":
-            methods = [self.decoding.method] if self.models.engine == "ct2" else []
-            problem = ct2_method_problem(methods, self.decoding.do_sample)
-            if problem:
-                raise ValueError(problem)
-        ct2_runs = self.models.engine == "ct2" or (self.report.baseline is not None and baseline_engine == "ct2")
-        if ct2_runs and isinstance(self.decoding.max_new_tokens, TokenBudgetSection):
-            raise ValueError("decoding.max_new_tokens in its ratio form runs on the pair engines; CTranslate2 "
-                             "(models.engine or report.baseline_engine ct2) takes a number")
-        if baseline_engine == "ct2" and self.report.baseline not in (None, *PLAIN_METHODS):
-            raise ValueError(f"report.baseline_engine ct2 runs report.baseline large or small only; "
-                             f"report.baseline is {self.report.baseline!r}")
+        problems = rules.job_problems(
+            method=self.decoding.method, engine=self.models.engine, baseline=self.report.baseline,
+            baseline_engine=self.report.baseline_engine, do_sample=self.decoding.do_sample,
+            ratio_budget=isinstance(self.decoding.max_new_tokens, TokenBudgetSection))
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def redacted(self) -> dict:
@@ -331,8 +247,3 @@ def redact(value: Any, in_storage_options: bool = False) -> Any:
     if isinstance(value, list):
         return [redact(item, in_storage_options) for item in value]
     return value
-
-
-def _decoding_fields_match() -> bool:
-    """DecodingSection must mirror DecodingConfig field for field (checked by a test)."""
-    return set(DecodingSection.model_fields) == {f.name for f in dataclasses.fields(DecodingConfig)}

@@ -225,7 +225,7 @@ def test_bad_records_in_a_batch_get_their_own_errors():
 def test_a_failing_batch_is_retried_record_by_record(monkeypatch):
     """Only the batched call fails: each record is then decoded alone, with no error and the
     tokens and statistics it has alone (computed before anything is patched)."""
-    import pipeline.decoding.generator as generator_module
+    import pipeline.decoding.pair_decoder as generator_module
 
     pair = tiny_pair("t5", "noisy", 0)
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, **FIXED)

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
 from pipeline.decoding.engines import ct2_engine
-from pipeline.decoding.ct2_generator import CT2Generator
+from pipeline.decoding.decoders import open_generator
 from pipeline.decoding.engines.ct2_engine import checkpoint_hash, converted_checkpoint
 from pipeline.decoding.generator import encode_text
 from pipeline.decoding.scheduler import BatchPolicy
@@ -49,12 +49,12 @@ def test_ct2_decodes_as_our_engine_does(saved_pair, method, tmp_path):
     config = DecodingConfig(method=method, max_new_tokens=20, max_input_tokens=12)
     ours = Generator(ModelPair.from_pretrained(small, large, device="cpu", engine="native"), config)
     spec = ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path))
-    theirs = CT2Generator(spec, config)
+    theirs = open_generator(spec, config)
     expected = _columns(ours.generate(INPUTS))
     assert any(row[4] for row in expected) and any(row[1] for row in expected)  # a cut input, an error row
     for batch in (None, BatchPolicy(batch_size=4)):
         assert _columns(theirs.generate(INPUTS, batch=batch)) == expected
-    assert (theirs.engine_kind, theirs.quantize) == ("ct2", "none")
+    assert (theirs.ran().engine, theirs.ran().quantize) == ("ct2", "none")
 
 
 def test_ct2_int8_runs_ct2s_int8_and_greedy_only(saved_pair, tmp_path):
@@ -64,13 +64,13 @@ def test_ct2_int8_runs_ct2s_int8_and_greedy_only(saved_pair, tmp_path):
     small, large = saved_pair
     greedy = DecodingConfig(method="large", max_new_tokens=16)
     spec = ModelSpec(small, large, device="cpu", engine="ct2", quantize="int8", ct2_cache=str(tmp_path))
-    int8 = CT2Generator(spec, greedy)
-    float32 = CT2Generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)), greedy)
-    noisy = CT2Generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)),
+    int8 = open_generator(spec, greedy)
+    float32 = open_generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)), greedy)
+    noisy = open_generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)),
                          DecodingConfig(method="small", max_new_tokens=16))
-    assert int8.model.translator.compute_type.startswith("int8"), int8.model.translator.compute_type
-    assert float32.model.translator.compute_type == "float32"
-    assert int8.int8_scheme == "ctranslate2-int8" and float32.int8_scheme is None
+    assert int8.decoder.model.translator.compute_type.startswith("int8"), int8.decoder.model.translator.compute_type
+    assert float32.decoder.model.translator.compute_type == "float32"
+    assert int8.ran().int8_scheme == "ctranslate2-int8" and float32.ran().int8_scheme is None
     texts = [text for text in INPUTS if text]
     results = int8.generate(texts)
     assert len(results) == len(texts) and all(r.error is None and r.stats.output_tokens > 0 for r in results)
@@ -79,16 +79,16 @@ def test_ct2_int8_runs_ct2s_int8_and_greedy_only(saved_pair, tmp_path):
     for text, result in zip(texts, float32.generate(texts)):
         source = tokenizer.convert_ids_to_tokens(encode_text(tokenizer, text, greedy.max_input_tokens)[0][0].tolist())
         target = tokenizer.convert_ids_to_tokens(result.token_ids)
-        want = torch.tensor(float32.model.translator.score_batch([source], [target])[0].log_probs)
+        want = torch.tensor(float32.decoder.model.translator.score_batch([source], [target])[0].log_probs)
         for name, other in (("int8", int8), ("noisy", noisy)):
-            got = torch.tensor(other.model.translator.score_batch([source], [target])[0].log_probs)
+            got = torch.tensor(other.decoder.model.translator.score_batch([source], [target])[0].log_probs)
             assert got.shape == want.shape
             off[name].append((got - want).abs())
     int8_off, noisy_off = (float(torch.cat(values).mean()) for values in (off["int8"], off["noisy"]))
     assert int8_off > 1e-3, int8_off  # int8 arithmetic ran: float32 would give the very same scores
     assert int8_off < 0.5 * noisy_off, (int8_off, noisy_off)  # and stayed close to float32
     with pytest.raises(ValueError, match="decoding.do_sample with models.engine ct2"):  # no seed: no sampling
-        CT2Generator(spec, DecodingConfig(method="large", do_sample=True))
+        open_generator(spec, DecodingConfig(method="large", do_sample=True))
 
 
 def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_are(saved_pair, tmp_path, monkeypatch):
@@ -119,20 +119,20 @@ def test_conversions_are_cached_by_content_and_converted_folders_load_as_they_ar
     assert checkpoint_hash(changed) != checkpoint_hash(Path(large))  # ... keyed by the new content
     assert (folder / "model.bin").stat().st_mtime_ns == converted_at  # the old conversion is left as it was
     config = DecodingConfig(method="large", max_new_tokens=16)
-    original = _columns(CT2Generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(cache)), config).generate(TEXTS))
-    edited = CT2Generator(ModelSpec(small, str(changed), engine="ct2", ct2_cache=str(cache)), config)
+    original = _columns(open_generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(cache)), config).generate(TEXTS))
+    edited = open_generator(ModelSpec(small, str(changed), engine="ct2", ct2_cache=str(cache)), config)
     ours = Generator(ModelPair.from_pretrained(small, str(changed), device="cpu", engine="native"), config)
     assert _columns(edited.generate(TEXTS)) == _columns(ours.generate(TEXTS)) != original  # the new weights' tokens
     assert len(calls) == 2  # both loads found their conversions in the cache
 
-    from_folder = CT2Generator(ModelSpec(small, str(folder), engine="ct2", ct2_cache=str(tmp_path / "unused")), config)
+    from_folder = open_generator(ModelSpec(small, str(folder), engine="ct2", ct2_cache=str(tmp_path / "unused")), config)
     assert len(calls) == 2 and not (tmp_path / "unused").exists()
     assert _columns(from_folder.generate(TEXTS)) == original
     bare = tmp_path / "weights-only"  # a checkpoint without its tokenizer: models.tokenizer names it
     bare.mkdir()
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         shutil.copy(f"{large}/{name}", bare)
-    named = CT2Generator(ModelSpec(small, str(bare), tokenizer=large, engine="ct2", ct2_cache=str(cache)), config)
+    named = open_generator(ModelSpec(small, str(bare), tokenizer=large, engine="ct2", ct2_cache=str(cache)), config)
     assert _columns(named.generate(TEXTS)) == original
 
 
@@ -140,6 +140,6 @@ def test_ct2_refuses_the_methods_that_verify_drafts(saved_pair, tmp_path):
     small, large = saved_pair
     for method in ("bild", "speculative", "cascade"):
         with pytest.raises(ValueError, match="models.engine ct2 runs methods large and small only"):
-            CT2Generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(tmp_path)), DecodingConfig(method=method))
+            open_generator(ModelSpec(small, large, engine="ct2", ct2_cache=str(tmp_path)), DecodingConfig(method=method))
     with pytest.raises(ValueError, match="a model pair.s engine is one of"):
         ModelPair.from_pretrained(small, large, device="cpu", engine="ct2")

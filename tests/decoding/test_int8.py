@@ -107,7 +107,7 @@ def teacher_forced_logits(generator: Generator, text: str, tokens: list[int]) ->
     """The large engine's logits [len(tokens), V] at each position of `tokens` after the decoder prefix."""
     from pipeline.decoding.engine import Feed
 
-    pair = generator.pair
+    pair = generator.decoder.pair
     input_ids = generator.encode(text)[0][0]
     prefix = pair.decoder_prefix(input_ids).tolist()
     engine = pair.engine("large", 1)

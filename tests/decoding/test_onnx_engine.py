@@ -306,8 +306,8 @@ def test_build_engine_builds_it_with_the_int8_asked_for():
 
 
 def test_where_it_cannot_run_is_a_clear_error():
-    """The rule is stated once (config.engine_problem, which the job schema asks); the engine only asserts it."""
-    from pipeline.decoding.config import engine_problem
+    """The rule is stated once (rules.engine_problem, which the job schema asks); the engine only asserts it."""
+    from pipeline.decoding.rules import engine_problem
 
     assert "models.engine onnx runs on the CPU in float32" in engine_problem("onnx", "none", "cpu", "float64")
     assert "models.engine onnx runs on the CPU in float32" in engine_problem("onnx", "int8", "cuda", "auto")

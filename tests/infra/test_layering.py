@@ -31,6 +31,7 @@ LAYERS = [
     (0, "metrics", ["pipeline.metrics"]),
     (0, "models", ["pipeline.tiny", "pipeline.random_pairs", "pipeline.inflate"]),  # model builders
     (-1, "decoding", ["pipeline.decoding"]),
+    (-2, "row flags", ["pipeline.metrics.row_flags"]),  # what decoding flags in a row: a leaf, imports nothing
 ]
 RANK = {layer: rank for rank, layer, _ in LAYERS}
 FORBIDDEN_IN_DECODING = {"ray", "fsspec", "s3fs", "click"}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import click
+import pydantic
 import pytest
 
-from pipeline.decoding import DecodingConfig, ModelSpec
+from pipeline.decoding import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.io.records import normalize, parse_jsonl
 from pipeline.jobs.schema import REDACTED, DecodingSection, JobConfig, ModelsSection, redact
 
@@ -15,20 +18,49 @@ BASE = {"name": "j", "input": {"path": "s3://b/in/", "storage_options": {"key": 
         "models": {"small": "s", "large": "l"}, "output": {"path": "s3://b/out/"}}
 
 
-def test_decoding_section_mirrors_decoding_config():
-    assert set(DecodingSection.model_fields) == {f.name for f in dataclasses.fields(DecodingConfig)}
+def test_each_section_is_derived_from_its_settings_dataclass():
+    """decoding:, models: and compute:'s batching keys are DecodingConfig's, ModelSpec's and BatchPolicy's fields
+    (settings.setting), with their defaults and help; the CLI's options are the same fields."""
+    from pipeline.cli.options import decoding_options, model_options
+    from pipeline.jobs.schema import ComputeSection
+
+    for section, settings in ((DecodingSection, DecodingConfig), (ModelsSection, ModelSpec)):
+        assert list(section.model_fields) == [f.name for f in dataclasses.fields(settings)]
     assert DecodingSection().to_config() == DecodingConfig()
+    assert ComputeSection().batch_policy() == BatchPolicy()
+    assert DecodingSection.model_fields["top_p"].description == dataclasses.fields(DecodingConfig)[-2].metadata["help"]
+    options = [param.name for param in click.command()(decoding_options(lambda **_: None)).params]
+    assert options == [f.name for f in dataclasses.fields(DecodingConfig)]
+    models = [param.name for param in click.command()(model_options(lambda **_: None)).params]
+    assert models == [f.name for f in dataclasses.fields(ModelSpec) if f.name != "ct2_cache"]
 
 
-def test_models_section_mirrors_model_spec():
+def test_models_section_gives_the_frozen_model_spec():
     """The job's models: section, the CLI and the decoding stage share one frozen ModelSpec."""
-    assert set(ModelsSection.model_fields) == {f.name for f in dataclasses.fields(ModelSpec)}
     section = ModelsSection(small="s", large="l", dtype="bfloat16", engine="hf")
     assert section.to_spec() == ModelSpec("s", "l", dtype="bfloat16", engine="hf")
     with pytest.raises(dataclasses.FrozenInstanceError):
         section.to_spec().small = "other"
     with pytest.raises(ValueError, match="engine must be one of"):
         ModelSpec("s", "l", engine="vllm")
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("top_p", 0, "top_p must be in (0, 1], got 0"),
+    ("fallback_threshold", 1.5, "fallback_threshold must be in [0, 1], got 1.5"),
+    ("max_draft_tokens", 0, "max_draft_tokens must be >= 1, got 0"),
+    ("lenience", 1.0, "lenience must be in [0, 1), got 1.0"),
+])
+def test_a_bound_is_stated_once_and_refused_alike_by_the_job_file_the_option_and_the_api(key, value, words):
+    from pipeline.cli.options import decoding_config
+
+    with pytest.raises(pydantic.ValidationError) as job_error:
+        JobConfig.model_validate({**BASE, "decoding": {key: value}})
+    assert job_error.value.errors()[0]["loc"] == ("decoding", key) and words in str(job_error.value)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        DecodingConfig(**{key: value})
+    with pytest.raises(click.UsageError, match=re.escape(words)):
+        decoding_config({key: value})
 
 
 def test_redaction_hides_secrets_only():

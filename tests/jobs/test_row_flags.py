@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, processors
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding.generator import is_repetition, is_stopped_by_budget, unknown_token_count
+from pipeline.metrics.row_flags import is_repetition, is_stopped_by_budget, unknown_token_count
 from pipeline.io.schema import OUTPUT_SCHEMA
 from pipeline.jobs.report import build_report, write_report
 from pipeline.tiny import EOS, SPECIAL_TOKENS, VOCAB_SIZE, build_pair
@@ -121,15 +121,15 @@ def test_source_characters_the_tokenizer_lacks_are_counted():
 
 
 def test_ctranslate2_rows_carry_the_same_flags_as_our_engines(saved_tiny_pair, tmp_path):
-    """CT2Generator builds its own results: the same three flags as Generator on the same tokens."""
+    """The CT2 decoder's Generator builds its own results: the same three flags as Generator on the same tokens."""
     pytest.importorskip("ctranslate2")
     from pipeline.decoding.config import ModelSpec
-    from pipeline.decoding.ct2_generator import CT2Generator
+    from pipeline.decoding.decoders import open_generator
 
     small, large = saved_tiny_pair
     config = DecodingConfig(method="large", max_new_tokens=12)
     ours = Generator(ModelPair.from_pretrained(small, large, device="cpu", engine="native"), config)
-    theirs = CT2Generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)), config)
+    theirs = open_generator(ModelSpec(small, large, device="cpu", engine="ct2", ct2_cache=str(tmp_path)), config)
     flags = [[(r.token_ids, r.stopped_by_budget, r.repetition, r.unknown_tokens)
               for r in generator.generate(TEXTS + [""])] for generator in (ours, theirs)]
     assert flags[0] == flags[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline.decoding import DecodingConfig, Generator, ModelPair, ModelSpec
+from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair, ModelSpec
 from pipeline.decoding.stats import GenerationResult
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.segments import Document, join_results, split_sentences
@@ -113,7 +113,7 @@ def test_segment_is_a_validated_decisive_key_that_leaves_unsegmented_runs_as_the
 def _stage(pair, config, batch_size, segment="sentence", prompt=None):
     small, large = pair
     spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=((config.method, config),),
-                           prompt=prompt, job_name="t", config_hash="h", batch_size=batch_size, segment=segment,
+                           prompt=prompt, job_name="t", config_hash="h", batch=BatchPolicy(batch_size), segment=segment,
                            language="de")
     return DecodeStage(spec)
 

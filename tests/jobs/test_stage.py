@@ -27,7 +27,7 @@ def test_the_stage_decodes_a_call_together_with_the_same_rows_as_one_by_one(save
     tables = {}
     for size in (1, 4):
         spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", config),),
-                               prompt=None, job_name="t", config_hash="h", batch_size=size)
+                               prompt=None, job_name="t", config_hash="h", batch=BatchPolicy(size))
         tables[size] = DecodeStage(spec)(records).to_pylist()
     one, batched = tables[1], tables[4]
     assert [r["id"] for r in batched] == [r["id"] for r in one]
@@ -83,7 +83,7 @@ def test_record_by_record_the_passes_take_turns_going_first(saved_tiny_pair):
     for _ in range(4):
         stage(records.slice(0, 2))
     assert ran[::4] == ["bild", "baseline", "bild", "baseline"]
-    batched = DecodeStage(dataclasses.replace(spec, batch_size=2))  # a call's records decoded together: by call
+    batched = DecodeStage(dataclasses.replace(spec, batch=BatchPolicy(2)))  # a call's records decoded together: by call
     for name, generator in batched.passes:
         generator.generate = (lambda texts, *args, name=name, decode=generator.generate, **kwargs:
                               ran.append(name) or decode(texts, *args, **kwargs))

@@ -3,7 +3,7 @@
 `CT2Model` is one Hugging Face seq2seq checkpoint converted by CTranslate2's own converter and
 loaded as a `ctranslate2.Translator`; `CT2Model.generate` decodes greedily from the encoder token
 ids our engines get and returns token ids, so a benchmark compares both engines token for token.
-The job's face of it, texts in and rows out, is `pipeline/decoding/ct2_generator.py`.
+Its Decoder (ids in, tokens out) is `pipeline/decoding/ct2_decoder.py`.
 
 CTranslate2 speaks token strings, not ids. The Hugging Face tokenizer maps between the two
 (convert_ids_to_tokens / convert_tokens_to_ids); the converter builds CTranslate2's vocabulary

@@ -345,3 +345,19 @@ class HFEngine(Engine):
         finally:
             for handle in handles:
                 handle.remove()
+
+
+# --- as the registry sees it (registry.py) ---------------------------------------------------------------------
+
+def unsupported_reason(model: PreTrainedModel) -> None:
+    """None: Hugging Face's modules run any model they load."""
+    return None
+
+
+def prepare(model: PreTrainedModel, quantize: str = "none") -> None:
+    """Nothing shared between its engines (it multiplies as loaded: rules.engine_problem refuses int8)."""
+    return None
+
+
+def build(model: PreTrainedModel, prepared: None, slots: int) -> HFEngine:
+    return HFEngine(model, slots)

@@ -54,7 +54,7 @@ class NativeWeights(ABC):
             raise ValueError(unsupported)
         self.dtype, self.device = model.dtype, model.device
         assert quantize != "int8" or (self.device.type == "cpu" and self.dtype == torch.float32), \
-            "config.engine_problem: int8 on the CPU in float32 only"
+            "rules.engine_problem: int8 on the CPU in float32 only"
         self.quantize = quantize
 
     def layer_matrix(self, weight: torch.Tensor) -> "Matrix | int8.Int8Matrix":

@@ -29,7 +29,7 @@ import torch
 from pipeline.decoding.engine import Engine, Feed, logit_places, place_logits
 from pipeline.decoding.engines.cache_rows import grown, padded_ids, resized
 from pipeline.decoding.engines.native import NativeWeights
-from pipeline.decoding.engines import attention_kernel
+from pipeline.decoding.engines import attention_kernel, native_pair, onnx_sessions
 from pipeline.decoding.engines.onnx_attention import STRATEGIES
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 
@@ -74,7 +74,7 @@ class OnnxEngine(Engine):
         segments: onnx_segments.py) or "onnxruntime" (its attention ops, the step one call); None:
         the kernel from KERNEL_FROM_SLOTS slots on where it builds."""
         assert weights.device.type == "cpu" and weights.dtype == torch.float32, \
-            "config.engine_problem: the onnx engine on the CPU in float32 only"
+            "rules.engine_problem: the onnx engine on the CPU in float32 only"
         super().__init__(slots, weights.device)
         self.weights, self.sessions = weights, sessions
         if int8_kernel is None:
@@ -231,3 +231,23 @@ class OnnxEngine(Engine):
             out[0] = self._one_token_bias[position, ..., :held]
         else:
             call.self_bias.copy_(self.table[:, steps, :held].transpose(0, 1))
+
+
+# --- as the registry sees it (registry.py) ---------------------------------------------------------------------
+
+def unsupported_reason(model) -> str | None:
+    """Why the onnx engine cannot run ``model`` (None when it can): it runs the native engine's weights."""
+    family = native_pair.family_of(model)
+    if family is None:
+        return native_pair.unsupported_reason(model)
+    return onnx_sessions.unsupported_reason(family.head_size(model.config))
+
+
+def prepare(model, quantize: str = "none") -> tuple[NativeWeights, OnnxSessions]:
+    """The native engine's float weights, and the sessions of its step (which quantize their own)."""
+    weights = native_pair.native_weights(model)
+    return weights, OnnxSessions(weights, quantize)
+
+
+def build(model, prepared: tuple[NativeWeights, OnnxSessions], slots: int) -> OnnxEngine:
+    return OnnxEngine(*prepared, slots)

@@ -1,35 +1,29 @@
-"""The job's face of CTranslate2: `Generator`'s texts-in, rows-out, with CTranslate2 decoding the ids.
+"""The Decoder of CTranslate2: one model decodes alone (method large or small), greedily (rules.ct2_method_problem).
 
-What the decoding stage calls in place of `Generator` where models.engine is ct2: one model decodes
-alone (method large or small), greedily (config.ct2_method_problem). Encoding, error rows, the row
-flags and the fall-back to one record at a time when a batch fails are Generator's own; only
-``decode_requests`` differs: CTranslate2 decodes a batch in groups of ``batch_size`` inputs of similar
-length (as it rebatches), and each record's time is its group's.
-"""
+Encoding, error rows, the row flags and the fall-back to one record at a time when a batch fails are
+generator.py's, as for any Decoder; CTranslate2 decodes a batch in groups of ``batch_size`` inputs of similar
+length (as it rebatches), and each record's time is its group's."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
-from pipeline.decoding.config import BatchPolicy, BatchRequest, DecodingConfig, ModelSpec, ct2_method_problem
+from pipeline.decoding import rules
+from pipeline.decoding.config import BatchPolicy, BatchRequest, DecodingConfig, ModelSpec
+from pipeline.decoding.decoder import Ran
 from pipeline.decoding.engines.ct2_engine import load_checkpoint
-from pipeline.decoding.generator import Generator
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
 
-class CT2Generator(Generator):
-    """Decodes texts with the model ``config.method`` names, converted for and run by CTranslate2."""
-
-    engine_kind = "ct2"  # the output's engine column
-    attention_path = "model"  # the output's attention column: CTranslate2's own (as Engine.attention_path)
+class CT2Decoder:
+    """Decodes requests with the model ``config.method`` names, converted for and run by CTranslate2."""
 
     def __init__(self, spec: ModelSpec, config: DecodingConfig, threads: int = 1):
-        problem = ct2_method_problem([config.method], config.do_sample)  # for callers that skip the job schema
+        problem = rules.ct2_method_problem([config.method], config.do_sample)  # for callers that skip the schema
         if problem:
             raise ValueError(problem)
-        super().__init__(pair=None, config=config)
-        self._quantize = spec.quantize
+        self.config, self._quantize = config, spec.quantize
         self.model = load_checkpoint(getattr(spec, config.method), spec, threads)
 
     @property
@@ -40,16 +34,18 @@ class CT2Generator(Generator):
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset({self.tokenizer.eos_token_id} - {None})  # the end token CTranslate2 returns
 
-    @property
-    def quantize(self) -> str:
-        return self._quantize
-
-    @property
-    def int8_scheme(self) -> str | None:
-        """The output's int8_scheme column: CTranslate2's compute type where it is int8 ("ctranslate2-int8",
-        or "ctranslate2-int8_float16" on a GPU), else None."""
+    def ran(self) -> Ran:
+        """Attention "model": CTranslate2's own; int8_scheme: its compute type where it is int8
+        ("ctranslate2-int8", or "ctranslate2-int8_float16" on a GPU), else None."""
         compute_type = self.model.compute_type
-        return f"ctranslate2-{compute_type}" if compute_type.startswith("int8") else None
+        return Ran("ct2", self._quantize, "model",
+                   f"ctranslate2-{compute_type}" if compute_type.startswith("int8") else None)
+
+    def calibrate(self, batch: BatchPolicy) -> None:
+        """Nothing to measure: CTranslate2 drafts no windows."""
+
+    def forget_measurements(self) -> None:
+        """Nothing measured."""
 
     def decode_requests(self, requests: Sequence[BatchRequest], batch: BatchPolicy) -> list[DecodeOutput]:
         """Each request's tokens, shortest inputs first in groups of ``batch.batch_size`` (one
@@ -69,3 +65,12 @@ class CT2Generator(Generator):
                 stats = DecodeStats(output_tokens=len(tokens), **{written: len(tokens)})
                 outputs[i] = DecodeOutput(tokens=tokens, stats=stats, seconds=seconds)
         return outputs
+
+
+def open_decoder(spec: ModelSpec, config: DecodingConfig, threads: int = 1) -> CT2Decoder:
+    """The registry's door (engines/registry.py: a whole decoder's module defines open_decoder)."""
+    from pipeline.decoding.engines.ct2_engine import available
+
+    if not available():
+        raise ImportError("models.engine ct2 needs the ctranslate2 package: pip install 'bild-pipeline[ct2]'")
+    return CT2Decoder(spec, config, threads)
