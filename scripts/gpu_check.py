@@ -7,7 +7,7 @@
    the Hugging Face engine on the device in bfloat16 and float16;
 2. ``bench`` (batch 1, with --compare-engines) and ``bench-batch`` (batch 1, 8, 32) on the demo
    pair and on random pairs at T5-small/T5-large and NLLB-200 600M/3.3B shapes
-   (pipeline/random_pairs.py; --quick: tiny random T5 and NLLB-architecture pairs instead);
+   (pipeline/pairs/random_shapes.py; --quick: tiny random T5 and NLLB-architecture pairs instead);
 3. one Markdown table and the whole JSON into --out: gpu_check.md, gpu_check.json.
 
 Sized to finish within 10 minutes on one GPU; it prints the time each stage took.
@@ -51,12 +51,12 @@ def load_pair(name: str, device: torch.device, dtype: torch.dtype, quick: bool) 
                                          dtype=dtype)
         return pair, "demo pair (T5, 6/1 and 6/12 layers, d 256)"
     if quick:
-        from pipeline.tiny import build_pair
+        from pipeline.pairs.tiny import build_pair
 
         small, large, tokenizer = build_pair(name, small="noisy")
         described = f"tiny random {name} pair (quick)"
     else:
-        from pipeline.random_pairs import shaped_pair
+        from pipeline.pairs.random_shapes import shaped_pair
 
         small, large, tokenizer = shaped_pair(name, device=str(device), dtype=dtype)
         described = {"t5": "random T5-small / T5-large shapes", "nllb": "random NLLB-200 600M / 3.3B shapes"}[name]

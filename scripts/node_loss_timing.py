@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "pipeline"), str(ROOT)]
 
-from pipeline.tiny import save_pair  # noqa: E402
+from pipeline.pairs.tiny import save_pair  # noqa: E402
 from support.jobs import make_job  # noqa: E402
 from support.shards import write_parquet_shards  # noqa: E402
 from test_multinode import run_on_a_cluster  # noqa: E402

@@ -17,7 +17,7 @@ def make_pair():
 @pytest.fixture(scope="session")
 def saved_tiny_pair(tmp_path_factory):
     """A tiny T5 pair saved as two save_pretrained folders: (small_dir, large_dir)."""
-    from pipeline.tiny import save_pair
+    from pipeline.pairs.tiny import save_pair
 
     small, large = save_pair(tmp_path_factory.mktemp("tiny-pair"), "t5", small="noisy")
     return str(small), str(large)

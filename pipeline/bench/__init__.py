@@ -1,4 +1,4 @@
-"""The benchmark commands, one harness under them all (DESIGN.md §5: ratios measured side by side).
+"""The benchmark commands, one harness under them all (docs/design.md §5: ratios measured side by side).
 
 harness        interleaved repetitions, timing, output quality, environment line, Markdown tables
 cost           the cost model: model steps timed here, a method's time predicted from its calls

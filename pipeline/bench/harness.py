@@ -1,7 +1,7 @@
 """What every benchmark shares: methods run side by side on the same inputs, timed with the
 device synchronized; the quality of their outputs; the run's environment and Markdown tables.
 
-DESIGN.md §5: these machines are shared and noisy, so a benchmark compares methods measured in
+docs/design.md §5: these machines are shared and noisy, so a benchmark compares methods measured in
 one run, interleaved, and reports ratios, never absolute times compared across runs.
 """
 

@@ -155,7 +155,7 @@ def _bench_pair(small, large, dtype, device, threads, engine, quantize="none"):
     if threads:
         torch.set_num_threads(threads)
     if small is None or large is None:
-        from pipeline.tiny import build_pair
+        from pipeline.pairs.tiny import build_pair
 
         small_model, large_model, tokenizer = build_pair("t5", small="noisy")
         return ModelPair(small_model, large_model, tokenizer, torch.device("cpu"), engine_request=engine,
@@ -226,7 +226,7 @@ def bench_pipeline(small, large, records, repeats, job_file, overrides, decode, 
 
     with tempfile.TemporaryDirectory() as tmp:
         if small is None or large is None:
-            from pipeline.tiny import save_pair
+            from pipeline.pairs.tiny import save_pair
 
             small, large = (str(p) for p in save_pair(Path(tmp) / "pair", "t5", small="noisy"))
         result = run_pipeline_bench(small, large, _BENCH_TEXTS, Path(tmp), records=records, repeats=repeats)

@@ -184,12 +184,12 @@ def align(small, large, data, src_lang, out_dir, prompt, limit, epochs, lr, seed
 def tiny_pair(out_dir, shape, family, small_kind, seed):
     """Build a tiny random pair (offline) into OUT_DIR/small and OUT_DIR/large, for trying things out."""
     if shape is not None:
-        from pipeline.random_pairs import save_shaped_pair
+        from pipeline.pairs.random_shapes import save_shaped_pair
 
         small, large = save_shaped_pair(out_dir, shape, seed=seed)
         click.echo(f"small: {small}\nlarge: {large}")
         return
-    from pipeline.tiny import save_pair
+    from pipeline.pairs.tiny import save_pair
 
     small, large = save_pair(out_dir, family, small=small_kind, seed=seed)
     click.echo(f"small: {small}\nlarge: {large}")
@@ -208,7 +208,7 @@ def tiny_pair(out_dir, shape, family, small_kind, seed):
 def inflate_pair(out_dir, small, large, shapes, overrides):
     """Grow a trained T5 pair to real checkpoints' shapes without changing what it computes (OUT_DIR/small,
     OUT_DIR/large): real acceptance at real step costs, for benchmarks (docs/benchmarking.md)."""
-    from pipeline.inflate import InflationError, SHAPE_KEYS, inflate_pair as inflate
+    from pipeline.pairs.inflate import InflationError, SHAPE_KEYS, inflate_pair as inflate
 
     sizes: dict[str, dict[str, int]] = {}
     for item in overrides:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from pipeline.jobs.schema import is_secret_key
+from pipeline.jobs.fingerprint import is_secret_key
 
 
 def entrypoint_for(job_file: str, overrides: list[str] | tuple = ()) -> str:

@@ -1,5 +1,5 @@
 """How many tokens to draft before the next verification: the window that buys the most tokens per second,
-from what the scheduler measures (DESIGN.md §1, "How many drafts").
+from what the scheduler measures (docs/design.md §1, "How many drafts").
 
 Speculation pays where a verification of k drafts costs little more than one large-model step (a step
 bound by reading weights: a large model on a CPU, every model on a GPU). Where a step is bound by

@@ -58,7 +58,7 @@ class Feed:
 
 @dataclass(frozen=True)
 class DraftRule:
-    """When each row of a greedy draft window stops (DESIGN.md §1, step 1)."""
+    """When each row of a greedy draft window stops (docs/design.md §1, step 1)."""
 
     windows: list[int]  # [R] the most drafts each row may write in this call (>= 1)
     fallback_threshold: float | None  # a row falls back (stops without a draft) when max p_S < this; None: never

@@ -52,7 +52,7 @@ def bild_verify(
     large_choice: torch.Tensor,
     rollback_threshold: float,
 ) -> Verdict:
-    """BiLD's rollback policy (DESIGN.md §1, step 2).
+    """BiLD's rollback policy (docs/design.md §1, step 2).
 
     Roll back at the earliest draft d_i whose cross-entropy under the large model,
     -log pL(d_i | y + d_<i), exceeds alpha_RB *and* that is not the large model's own choice;

@@ -1,4 +1,4 @@
-"""The one decoding driver: BiLD, speculative and plain decoding over a batch of rows (DESIGN.md §1).
+"""The one decoding driver: BiLD, speculative and plain decoding over a batch of rows (docs/design.md §1).
 
 A batch holds up to ``batch_size`` active rows (batch size 1 is the same code with one row).
 Each round either
@@ -14,7 +14,7 @@ Each round either
 
 The large model is called when at least ``verify_share`` of the active rows wait (always when
 none is left drafting). A row drafts and is verified exactly as it would be alone, so its
-tokens and statistics do not depend on the rows that share its batch (DESIGN.md §1, §2).
+tokens and statistics do not depend on the rows that share its batch (docs/design.md §1, §2).
 Finished rows leave at once and queued records take their slots (continuous batching). Plain
 ``large``/``small`` decoding batches the same way: every active row advances one token per pass.
 The models are reached only through engines (engine.py).
@@ -251,7 +251,7 @@ class Scheduler:
                 row.stats.plain_steps += 1
 
     def _draft(self, rows: list[_Row], enough: int) -> int:
-        """The drafting rows draft until ``enough`` of them stop (DESIGN.md §1, step 1): greedy rows in one
+        """The drafting rows draft until ``enough`` of them stop (docs/design.md §1, step 1): greedy rows in one
         engine call (Engine.draft), sampled and cascade rows one step per round (their q and the row's own
         random stream live here). Returns the small model's forward passes."""
         if self.config.do_sample or self.config.method == "cascade":
@@ -315,7 +315,7 @@ class Scheduler:
         return [[rows[i] for i in group] for group in padding_groups(tails, overhead)]
 
     def _verify_group(self, rows: list[_Row]) -> list[_Row]:
-        """One large-model pass over the pending drafts of these rows (DESIGN.md §1, step 2)."""
+        """One large-model pass over the pending drafts of these rows (docs/design.md §1, step 2)."""
         config = self.config
         started = time.perf_counter()
         counts, kept_before = [row.drafts for row in rows], sum(row.length for row in rows)

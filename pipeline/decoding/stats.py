@@ -1,4 +1,4 @@
-"""What decoding one record produced: its tokens and its per-record counters (DESIGN.md §2),
+"""What decoding one record produced: its tokens and its per-record counters (docs/design.md §2),
 and the BiLD rates read from them — defined here once for records, runs and benchmarks alike —
 and the record's outcome as its output row's columns (GenerationResult). Torch-free: a job's driver
 reads these without loading a model library."""
@@ -13,7 +13,7 @@ import numpy as np
 
 @dataclass
 class DecodeStats:
-    """Per-record counters; names are DESIGN.md §2 columns (plus draft_tokens). Added together
+    """Per-record counters; names are docs/design.md §2 columns (plus draft_tokens). Added together
     (``a + b``, ``DecodeStats.total(...)``) they are a run's counters, and the rates below read
     the same either way."""
 
@@ -128,7 +128,7 @@ class DecodeOutput:
 
 @dataclass
 class GenerationResult:
-    """One record's outcome. ``to_record()`` gives the DESIGN.md §2 columns it owns."""
+    """One record's outcome. ``to_record()`` gives the docs/design.md §2 columns it owns."""
 
     prediction: str | None
     error: str | None

@@ -2,7 +2,7 @@
 
 Every record carries where it came from, and so does its output row: ``input_file`` (its file's path
 inside input.path) and ``input_row`` (its row there, from 0). That is what lets a job's driver work in
-files, not records (DESIGN.md §6): input.limit is a position, a resume's "what is done" is a set of row
+files, not records (docs/design.md §6): input.limit is a position, a resume's "what is done" is a set of row
 ranges per input file (io/done.py), a fragment wholly done is never read, and one partly done drops its
 done rows inside its own read task. The driver holds one small Fragment per row range, nothing per record.
 """

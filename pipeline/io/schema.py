@@ -1,4 +1,4 @@
-"""The output table's columns (DESIGN.md §2), built once: every writer and reader takes them here.
+"""The output table's columns (docs/design.md §2), built once: every writer and reader takes them here.
 
 The per-record counters come from the decoding statistics type, so a counter added there is a
 column here without a second list to keep in step.

@@ -1,5 +1,5 @@
-"""What makes a run one configuration: the settings that decide a row's tokens (schema.decisive_settings),
-and the models' content.
+"""What makes a run one configuration: the settings that decide a row's tokens (decisive_settings, hashed into
+the rows' config_hash), and the models' content; and the secrets a job holds, never written or printed (redact).
 
 An output folder holds the rows of one configuration. Its manifest (run.json) records both halves
 below (a local model folder by every byte of its files, a hub id by the commit its cache resolves to); a
@@ -14,14 +14,14 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from typing import Any
 
 from pipeline.decoding.config import CACHE_ROOT
-from pipeline.jobs.schema import JobConfig, decisive_settings, settings_hash
 
-__all__ = ["ResumeMismatchError", "check_resume", "decisive_settings", "differences", "model_fingerprint",
-           "models_content", "settings_hash"]
+__all__ = ["REDACTED", "ResumeMismatchError", "check_resume", "decisive_settings", "differences", "is_secret_key",
+           "model_fingerprint", "models_content", "redact", "settings_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +119,18 @@ def legacy_fingerprint(name: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _model_names(job: JobConfig) -> dict[str, str]:
+def _model_names(job) -> dict[str, str]:
     models = job.models
     named = {"models.small": models.small, "models.large": models.large, "models.tokenizer": models.tokenizer}
     return {key: value for key, value in named.items() if value}
 
 
-def models_content(job: JobConfig) -> dict[str, str]:
+def models_content(job) -> dict[str, str]:
     """{"models.small": fingerprint, "models.large": ..., "models.tokenizer": ...}, as run.json records it."""
     return {key: model_fingerprint(value) for key, value in _model_names(job).items()}
 
 
-def _in_the_scheme_of(before: dict[str, str], now: dict[str, str], job: JobConfig) -> dict[str, str]:
+def _in_the_scheme_of(before: dict[str, str], now: dict[str, str], job) -> dict[str, str]:
     """`now`, each value as an older version recorded it where `before` holds one: a folder's partial hash, a
     hub id without its revision."""
     names, now = _model_names(job), dict(now)
@@ -160,7 +160,7 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return found
 
 
-def check_resume(previous: dict | None, current: dict, output_path: str, job: JobConfig | None = None) -> None:
+def check_resume(previous: dict | None, current: dict, output_path: str, job=None) -> None:
     """Refuse to resume `output_path`, whose manifest is `previous`, under the configuration `current`
     (the manifest about to be written, for `job`) where any decisive setting or model content differs. A
     manifest from before these were recorded (or none: a fresh output) is accepted; model content an older
@@ -177,3 +177,72 @@ def check_resume(previous: dict | None, current: dict, output_path: str, job: Jo
             f"output.path {output_path!r} holds rows of another configuration; resuming would mix two in one "
             f"run. Changed: {'; '.join(changed)}. Put the changed settings back, or write to a new output.path "
             f"(or set output.mode: overwrite to discard the rows there).")
+
+
+# --- the settings that decide a row, hashed ---------------------------------------------------------------------
+
+# Settings a row's tokens do not depend on: how much is decoded, where things are kept, credentials.
+_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records"}
+_DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
+
+
+def _decides_nothing(name: str, resolved: dict) -> bool:
+    """Keys added after runs were recorded, left out where they change no row (so those runs resume and keep
+    their config_hash): input.segment none, and input.language, which only the sentence splitter reads."""
+    segmented = resolved["input"].get("segment") == "sentence"
+    return name in ("input.segment", "input.language") and not segmented
+
+
+def decisive_settings(job) -> dict[str, Any]:
+    """{dotted key: value} of every setting that decides the rows (engine and quantize included: onnx int8
+    and native int8 quantize differently, so their tokens can differ)."""
+    resolved = job.redacted()
+    flat: dict[str, Any] = {}
+    for section in _DECISIVE_SECTIONS:
+        value = resolved[section]
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, item in items:
+            name = section if key is None else f"{section}.{key}"
+            if name not in _NOT_DECISIVE and not _decides_nothing(name, resolved):
+                flat[name] = item
+    return flat
+
+
+def settings_hash(job) -> str:
+    """A short hash of decisive_settings (the rows' config_hash column)."""
+    blob = json.dumps(decisive_settings(job), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# --- secrets, never written or printed ------------------------------------------------------------------------
+
+# Keys whose values are secrets: "key", "secret", "token", "aws_secret_access_key", "session_token",
+# "api_key", "password" ... but not "max_new_tokens" or "id_column".
+_SECRET_KEY = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|secret|password|private_key", re.I)
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a config key (its last dotted part) names a secret."""
+    return bool(_SECRET_KEY.search(str(key).split(".")[-1]))
+
+
+# Storage options shown as they are in run.json and printed configs: where the data lives, never how one
+# signs in. Every other storage option (aws_access_key_id, a token, a credentials file) is redacted.
+STORAGE_OPTIONS_SHOWN = frozenset({"endpoint_url", "endpoint", "region", "region_name", "profile", "profile_name",
+                                   "anon", "use_ssl", "client_kwargs"})
+
+
+def redact(value: Any, in_storage_options: bool = False) -> Any:
+    """Replace the values of secret-looking keys anywhere in a nested structure, and of every storage option
+    outside STORAGE_OPTIONS_SHOWN."""
+    if isinstance(value, dict):
+        shown = {}
+        for key, item in value.items():
+            hidden = (in_storage_options and key not in STORAGE_OPTIONS_SHOWN) or is_secret_key(key)
+            nested = in_storage_options or key == "storage_options"
+            shown[key] = REDACTED if hidden and item not in (None, "") else redact(item, nested)
+        return shown
+    if isinstance(value, list):
+        return [redact(item, in_storage_options) for item in value]
+    return value

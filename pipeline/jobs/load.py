@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from pipeline.jobs.files import JobFileError, read_mapping
 from pipeline.jobs.presets import merge_presets
-from pipeline.jobs.schema import REDACTED, JobConfig, is_secret_key
+from pipeline.jobs.fingerprint import REDACTED, is_secret_key
+from pipeline.jobs.schema import JobConfig
 
 __all__ = ["JobFileError", "apply_overrides", "job_data", "load_job", "parse_override"]
 

@@ -42,7 +42,7 @@ from pipeline.jobs.preflight import check_job
 from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
 from pipeline.jobs.todo import Todo, first_ids, input_fragments, plan_todo
-from pipeline.in_flight import in_flight_registry
+from pipeline.stage.in_flight import in_flight_registry
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,6 @@ Unknown keys are errors (a typo must not be silently ignored), and every error n
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import re
 from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -16,6 +13,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from pipeline.decoding import rules
 from pipeline.decoding.config import ENGINES, METHODS, BatchPolicy, DecodingConfig, ModelSpec, TokenBudget
 from pipeline.io.segments import SEGMENTS
+from pipeline.jobs import fingerprint
 from pipeline.jobs.sections import Section as _Section, settings_section
 
 
@@ -166,44 +164,11 @@ class JobConfig(_Section):
 
     def redacted(self) -> dict:
         """The resolved config with secrets (keys, tokens, passwords) replaced: safe to write or print."""
-        return redact(self.model_dump())
+        return fingerprint.redact(self.model_dump())
 
     def config_hash(self) -> str:
-        """A short hash of every setting that decides the rows (settings_hash), secrets excluded."""
-        return settings_hash(self)
-
-
-# Settings a row's tokens do not depend on: how much is decoded, where things are kept, credentials.
-_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records"}
-_DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
-
-
-def _decides_nothing(name: str, resolved: dict) -> bool:
-    """Keys added after runs were recorded, left out where they change no row (so those runs resume and keep
-    their config_hash): input.segment none, and input.language, which only the sentence splitter reads."""
-    segmented = resolved["input"].get("segment") == "sentence"
-    return name in ("input.segment", "input.language") and not segmented
-
-
-def decisive_settings(job: JobConfig) -> dict[str, Any]:
-    """{dotted key: value} of every setting that decides the rows (engine and quantize included: onnx int8
-    and native int8 quantize differently, so their tokens can differ)."""
-    resolved = job.redacted()
-    flat: dict[str, Any] = {}
-    for section in _DECISIVE_SECTIONS:
-        value = resolved[section]
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for key, item in items:
-            name = section if key is None else f"{section}.{key}"
-            if name not in _NOT_DECISIVE and not _decides_nothing(name, resolved):
-                flat[name] = item
-    return flat
-
-
-def settings_hash(job: JobConfig) -> str:
-    """A short hash of decisive_settings (the rows' config_hash column)."""
-    blob = json.dumps(decisive_settings(job), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        """A short hash of every setting that decides the rows (fingerprint.settings_hash), secrets excluded."""
+        return fingerprint.settings_hash(self)
 
 
 def check_prompt(prompt: str) -> None:
@@ -215,35 +180,3 @@ def check_prompt(prompt: str) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(f"the prompt template {prompt!r} may hold no field but {{text}} (found {exc}); write "
                          "a literal brace as {{ or }}") from exc
-
-
-# Keys whose values are secrets: "key", "secret", "token", "aws_secret_access_key", "session_token",
-# "api_key", "password" ... but not "max_new_tokens" or "id_column".
-_SECRET_KEY = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|secret|password|private_key", re.I)
-REDACTED = "***"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a config key (its last dotted part) names a secret."""
-    return bool(_SECRET_KEY.search(str(key).split(".")[-1]))
-
-
-# Storage options shown as they are in run.json and printed configs: where the data lives, never how one
-# signs in. Every other storage option (aws_access_key_id, a token, a credentials file) is redacted.
-STORAGE_OPTIONS_SHOWN = frozenset({"endpoint_url", "endpoint", "region", "region_name", "profile", "profile_name",
-                                   "anon", "use_ssl", "client_kwargs"})
-
-
-def redact(value: Any, in_storage_options: bool = False) -> Any:
-    """Replace the values of secret-looking keys anywhere in a nested structure, and of every storage option
-    outside STORAGE_OPTIONS_SHOWN."""
-    if isinstance(value, dict):
-        shown = {}
-        for key, item in value.items():
-            hidden = (in_storage_options and key not in STORAGE_OPTIONS_SHOWN) or is_secret_key(key)
-            nested = in_storage_options or key == "storage_options"
-            shown[key] = REDACTED if hidden and item not in (None, "") else redact(item, nested)
-        return shown
-    if isinstance(value, list):
-        return [redact(item, in_storage_options) for item in value]
-    return value

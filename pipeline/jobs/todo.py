@@ -1,5 +1,5 @@
 """What a run decodes: the input's fragments less what its output holds, its records counted and their ids
-checked on the workers (DESIGN.md §6).
+checked on the workers (docs/design.md §6).
 
 A job resumes by position: each output row says which input file and row it came from, so "what is done"
 is a set of row ranges (io/done.py) and the to-do is fragments that skip them inside their own read tasks.

@@ -1,5 +1,5 @@
 """The orders in which methods take turns on the same inputs, so that a side-by-side comparison is fair
-(DESIGN.md §5): the benchmarks' interleaved runs and a job's paired baseline records both use them."""
+(docs/design.md §5): the benchmarks' interleaved runs and a job's paired baseline records both use them."""
 
 from __future__ import annotations
 

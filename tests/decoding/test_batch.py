@@ -1,6 +1,6 @@
 """Batched decoding (pipeline.decoding.scheduler): every row decodes as it would alone.
 
-The invariants of DESIGN.md §1 hold per row inside a batch: greedy BiLD with alpha_RB = 0
+The invariants of docs/design.md §1 hold per row inside a batch: greedy BiLD with alpha_RB = 0
 reproduces each row's large-model greedy output; a row's tokens and statistics equal those of
 the record decoded alone (greedy and sampling), whatever other records share the batch; and
 batched speculative sampling keeps the large model's distribution (with negative controls).

@@ -17,7 +17,7 @@ from pipeline.decoding.decoders import open_generator
 from pipeline.decoding.engines.ct2_engine import checkpoint_hash, converted_checkpoint
 from pipeline.decoding.generator import encode_text
 from pipeline.decoding.scheduler import BatchPolicy
-from pipeline.tiny import save_pair
+from pipeline.pairs.tiny import save_pair
 from support.pairs import TEXTS
 
 pytest.importorskip("ctranslate2")

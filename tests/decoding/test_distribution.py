@@ -1,4 +1,4 @@
-"""Speculative sampling preserves the large model's distribution (DESIGN.md §1).
+"""Speculative sampling preserves the large model's distribution (docs/design.md §1).
 
 Chi-square tests that can fail, every cell that expects fewer than 5 samples pooled into one
 (support/distributions.py). Next to the sampler under test run negative controls that get it

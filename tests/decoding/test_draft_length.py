@@ -1,6 +1,6 @@
 """Each round's draft window chosen by the scheduler (draft_length.py) and the one-call drafter (Engine.draft).
 
-The invariants of DESIGN.md §1 hold whatever window is chosen, 0 (a plain large step) included: greedy
+The invariants of docs/design.md §1 hold whatever window is chosen, 0 (a plain large step) included: greedy
 speculative decoding and BiLD with alpha_RB = 0 return the large model's greedy tokens at batch 1, 3, 8
 and 32, and speculative sampling keeps the large model's distribution (with a negative control). Scripted
 windows exercise every length deterministically; the measured chooser is checked on its own with known

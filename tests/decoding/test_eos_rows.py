@@ -1,4 +1,4 @@
-"""Rows that end on EOS at different steps while others go on (DESIGN.md §1, a batch of rows).
+"""Rows that end on EOS at different steps while others go on (docs/design.md §1, a batch of rows).
 
 The encoder-decoder pairs of support/pairs.py never write EOS: their rows all run to
 max_new_tokens. Here a row finishes on EOS while the rest of its batch decodes on and a queued
@@ -19,8 +19,8 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from pipeline.decoding import BatchPolicy, BatchRequest, DecodingConfig, Generator, ModelPair, Scheduler
-from pipeline.tiny import EOS as TINY_EOS
-from pipeline.tiny import build_model, byte_tokenizer, noisy_copy
+from pipeline.pairs.tiny import EOS as TINY_EOS
+from pipeline.pairs.tiny import build_model, byte_tokenizer, noisy_copy
 from support.pairs import TEXTS
 from support.scripted import EOS, ScriptedEngine, peaked
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.decoding import DecodingConfig, Generator, IncompatiblePairError, ModelPair
-from pipeline.tiny import build_model, byte_tokenizer, save_pair
+from pipeline.pairs.tiny import build_model, byte_tokenizer, save_pair
 from support.pairs import TEXTS, tiny_pair
 
 DESIGN_COLUMNS = {"prediction", "error", "method", "input_tokens", "truncated", "output_tokens", "small_tokens",

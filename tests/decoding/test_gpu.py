@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.tiny import build_pair
+from pipeline.pairs.tiny import build_pair
 from support.pairs import TEXTS
 from support import REPO
 

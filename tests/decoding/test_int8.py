@@ -14,7 +14,7 @@ import torch
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engines import int8
 from pipeline.decoding.engines.native import Matrix
-from pipeline.tiny import build_pair
+from pipeline.pairs.tiny import build_pair
 from support import REPO
 from support.engine_checks import assert_lossless_at_every_batch_size
 from support.pairs import TEXTS

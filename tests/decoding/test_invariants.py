@@ -1,4 +1,4 @@
-"""DESIGN.md §1 invariants on randomly initialised tiny models of five families.
+"""docs/design.md §1 invariants on randomly initialised tiny models of five families.
 
 Each family is tried with an independent small model (disagrees often: rollbacks) and a noisy
 copy of the large model (agrees often: accepted drafts), several seeds, fallback thresholds and

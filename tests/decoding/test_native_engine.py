@@ -15,7 +15,7 @@ from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.models import native_unsupported_reason, native_weights
 from pipeline.decoding.engines.native import NativeEngine
-from pipeline.tiny import PAD, byte_tokenizer, noisy_copy
+from pipeline.pairs.tiny import PAD, byte_tokenizer, noisy_copy
 from support.native_models import LAYOUTS, MODELS, build, build_t5, encode
 from support.pairs import TEXTS
 from support import REPO

@@ -23,7 +23,7 @@ from pipeline.decoding.engines import attention_kernel, onnx_engine
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
 from pipeline.decoding.engines.onnx_sessions import OnnxSessions
 from pipeline.decoding.models import build_engine, native_weights
-from pipeline.tiny import build_pair, byte_tokenizer, noisy_copy
+from pipeline.pairs.tiny import build_pair, byte_tokenizer, noisy_copy
 from support import REPO
 from support.distributions import (RESIDUALS, check_loop, engine_probs_of, sample_loop, tiny_vocab_pair,
                                    verify_with_residual)

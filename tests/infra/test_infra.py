@@ -441,7 +441,7 @@ def test_dockerfile_python_stage_builds_the_wheel(tmp_path):
     (wheel,) = wheels.glob("bild_pipeline-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in ("pipeline/cli/__init__.py", "pipeline/jobs/presets.py", "pipeline/jobs/run.py",
-                   "pipeline/decoding/scheduler.py", "pipeline/decoding/engines/t5_engine.py", "pipeline/stage.py"):
+                   "pipeline/decoding/scheduler.py", "pipeline/decoding/engines/t5_engine.py", "pipeline/stage/decode_stage.py"):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "bild-pipeline = pipeline.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,4 +1,4 @@
-"""DESIGN.md §3: imports point downwards only, and no module imports itself in a circle.
+"""docs/design.md §3: imports point downwards only, and no module imports itself in a circle.
 
 Every module of `pipeline` (lazy imports inside functions included) is read with `ast`; each one
 belongs to the layer of the longest matching prefix in LAYERS, and may import its own layer or
@@ -26,10 +26,10 @@ LAYERS = [
     (4, "cluster", ["pipeline.cluster"]),
     (4, "training", ["pipeline.training"]),
     (3, "jobs", ["pipeline.jobs"]),
-    (2, "stage", ["pipeline.stage", "pipeline.in_flight"]),
+    (2, "stage", ["pipeline.stage"]),
     (1, "io", ["pipeline.io"]),
     (0, "metrics", ["pipeline.metrics"]),
-    (0, "models", ["pipeline.tiny", "pipeline.random_pairs", "pipeline.inflate"]),  # model builders
+    (0, "models", ["pipeline.pairs"]),  # model pairs we build
     (-1, "decoding", ["pipeline.decoding"]),
     (-2, "row flags", ["pipeline.metrics.row_flags"]),  # what decoding flags in a row: a leaf, imports nothing
 ]

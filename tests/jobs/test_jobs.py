@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.io.records import normalize, parse_jsonl
-from pipeline.jobs.schema import REDACTED, DecodingSection, JobConfig, ModelsSection, redact
+from pipeline.jobs.fingerprint import REDACTED, redact
+from pipeline.jobs.schema import DecodingSection, JobConfig, ModelsSection
 
 BASE = {"name": "j", "input": {"path": "s3://b/in/", "storage_options": {"key": "AKIA-SECRET-ID",
                                                                           "secret": "very-secret"}},

@@ -18,7 +18,7 @@ from pipeline.decoding import DecodingConfig, Generator, ModelPair
 from pipeline.metrics.row_flags import is_repetition, is_stopped_by_budget, unknown_token_count
 from pipeline.io.schema import OUTPUT_SCHEMA
 from pipeline.jobs.report import build_report, write_report
-from pipeline.tiny import EOS, SPECIAL_TOKENS, VOCAB_SIZE, build_pair
+from pipeline.pairs.tiny import EOS, SPECIAL_TOKENS, VOCAB_SIZE, build_pair
 from support.pairs import TEXTS, tiny_pair
 
 EOS_IDS = frozenset({EOS})

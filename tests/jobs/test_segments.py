@@ -1,5 +1,5 @@
 """input.segment: sentence — documents split into sentences (io/segments.py), their sentences decoded as
-units batched across records by the stage, and one row per record put back together (DESIGN.md §2)."""
+units batched across records by the stage, and one row per record put back together (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pipeline.decoding import BatchPolicy, DecodingConfig, Generator, ModelPair,
 from pipeline.decoding.stats import GenerationResult
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.segments import Document, join_results, split_sentences
-from pipeline.jobs.schema import InputSection, JobConfig, decisive_settings
+from pipeline.jobs.fingerprint import decisive_settings
+from pipeline.jobs.schema import InputSection, JobConfig
 from pipeline.stage import DecodeStage, DecodeStageSpec
 
 MAX_NEW = 12

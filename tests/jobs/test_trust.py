@@ -24,7 +24,8 @@ from pipeline.jobs.fingerprint import (
 )
 from pipeline.jobs.report import build_report, render_markdown
 from pipeline.jobs.run_rows import read_run
-from pipeline.jobs.schema import REDACTED, JobConfig
+from pipeline.jobs.fingerprint import REDACTED
+from pipeline.jobs.schema import JobConfig
 
 BASE = {
     "name": "t",

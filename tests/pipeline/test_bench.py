@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.decoding import DecodingConfig
 from pipeline.decoding.stats import DecodeOutput
 from pipeline.metrics.interleaving import order_coverage
-from pipeline.tiny import save_pair
+from pipeline.pairs.tiny import save_pair
 from support import REPO
 from support.pairs import TEXTS, tiny_pair
 

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DynamicCache, EncoderDecoderCache
 
 from pipeline.bench.ct2 import CT2Model, available
-from pipeline.tiny import EOS, save_pair
+from pipeline.pairs.tiny import EOS, save_pair
 from support import REPO
 
 pytest.importorskip("ctranslate2")
@@ -152,15 +152,15 @@ def test_every_random_pair_shape_converts_and_scores_as_transformers(tmp_path, m
     id, as CTranslate2's Marian loader expects; BART: a config without the legacy normalize_before)
     and give transformers' log-probabilities to random target tokens, position by position, and its
     greedy tokens. Widths and vocabulary are shrunk; family, tokenizer and special tokens are the shape's."""
-    from pipeline import random_pairs
+    from pipeline.pairs import random_shapes
 
-    model_class, config_class, _, small, _ = random_pairs.SHAPES[shape]
+    model_class, config_class, _, small, _ = random_shapes.SHAPES[shape]
     narrow = dict(small, d_model=64, **({"d_kv": 16, "d_ff": 128, "num_heads": 4} if shape == "t5" else
                                         {"encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
                                          "encoder_attention_heads": 4, "decoder_attention_heads": 4}))
-    monkeypatch.setitem(random_pairs.SHAPES, shape, (model_class, config_class, 600, narrow, narrow))
-    model = random_pairs.shaped_model(shape, "small", seed=3)
-    tokenizer = random_pairs.shaped_tokenizer(shape)
+    monkeypatch.setitem(random_shapes.SHAPES, shape, (model_class, config_class, 600, narrow, narrow))
+    model = random_shapes.shaped_model(shape, "small", seed=3)
+    tokenizer = random_shapes.shaped_tokenizer(shape)
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     ct2 = CT2Model.convert(tmp_path / "m", tmp_path / "ct2")

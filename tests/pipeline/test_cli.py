@@ -104,7 +104,7 @@ def test_generate_on_either_engine_gives_the_same_output(saved_pair):
 
 def test_tiny_pair_offers_every_family_of_pipeline_tiny():
     from pipeline.cli.models import tiny_pair
-    from pipeline.tiny import FAMILIES
+    from pipeline.pairs.tiny import FAMILIES
 
     family = next(p for p in tiny_pair.params if p.name == "family")
     assert tuple(family.type.choices) == FAMILIES
@@ -112,7 +112,7 @@ def test_tiny_pair_offers_every_family_of_pipeline_tiny():
 
 def test_tiny_pair_shape_choices_are_the_random_pairs_shapes():
     from pipeline.cli.models import tiny_pair
-    from pipeline.random_pairs import SHAPES
+    from pipeline.pairs.random_shapes import SHAPES
 
     shape = next(p for p in tiny_pair.params if p.name == "shape")
     assert tuple(shape.type.choices) == tuple(SHAPES)
@@ -232,7 +232,7 @@ def test_run_refuses_duplicate_ids_with_exit_2(ray_local, saved_tiny_pair, tmp_p
 @pytest.fixture(scope="module")
 def mismatched_pair(tmp_path_factory):
     """A tiny T5 pair whose small model has 8 more vocabulary entries than the large one."""
-    from pipeline.tiny import VOCAB_SIZE, build_pair, save_models
+    from pipeline.pairs.tiny import VOCAB_SIZE, build_pair, save_models
 
     small, large, tokenizer = build_pair("t5", small="noisy")
     small.resize_token_embeddings(VOCAB_SIZE + 8)

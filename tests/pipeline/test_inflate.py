@@ -1,4 +1,4 @@
-"""Function-preserving inflation (pipeline/inflate.py): the demo pair grown to larger shapes decodes
+"""Function-preserving inflation (pipeline/pairs/inflate.py): the demo pair grown to larger shapes decodes
 the same tokens with logits within float rounding, on our engines, float32 and int8."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from support import REPO
 from transformers import T5ForConditionalGeneration
 
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.inflate import InflationError, inflate_t5
+from pipeline.pairs.inflate import InflationError, inflate_t5
 
 DEMO = REPO / "models" / "demo-de-en"
 # Every kind of growth at once (width, heads, feed-forward, encoder and decoder layers), small enough

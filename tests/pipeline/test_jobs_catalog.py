@@ -234,7 +234,7 @@ def test_convert_to_safetensors_makes_a_pickle_checkpoint_loadable(tmp_path):
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from pipeline.tiny import build_pair
+    from pipeline.pairs.tiny import build_pair
 
     _, large, tokenizer = build_pair("t5", seed=0, small="noisy")
     source = tmp_path / "bin"

@@ -66,12 +66,12 @@ def test_a_second_run_on_the_same_output_exits_2_naming_the_first(saved_tiny_pai
 
 
 def test_a_record_that_kills_its_actor_fails_alone_and_the_job_completes(saved_tiny_pair, tmp_path):
-    """The engine SIGKILLs its process on one record (pipeline/in_flight.py's testing hook): Ray restarts the
+    """The engine SIGKILLs its process on one record (pipeline/stage/in_flight.py's testing hook): Ray restarts the
     actor and retries the call record by record; the record kills it alone twice and gets an `error` row; every
     other id is decoded once and the job exits 0."""
     import pyarrow.compute as pc
 
-    from pipeline.in_flight import FAULT_VARIABLE
+    from pipeline.stage.in_flight import FAULT_VARIABLE
     from pipeline.io.storage import read_output_table
 
     ids = write_parquet_shards(str(tmp_path / "in"), 12, 3)
@@ -135,7 +135,7 @@ def test_a_record_is_blamed_only_when_its_own_decoding_killed_its_actor_twice(ra
     kill) earns it another try alone; a second blames it; deaths on a node that is gone blame no one."""
     import ray
 
-    from pipeline.in_flight import InFlightRecords
+    from pipeline.stage.in_flight import InFlightRecords
 
     registry = InFlightRecords.remote()
     here = ray.get_runtime_context().get_node_id()

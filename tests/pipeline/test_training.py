@@ -248,7 +248,7 @@ def test_align_command_fine_tunes_the_small_model_on_the_large_models_outputs(tm
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from pipeline.cli import main
-    from pipeline.tiny import save_pair
+    from pipeline.pairs.tiny import save_pair
     from pipeline.training.data import collate, tokenize_pairs
     from pipeline.training.train import seq2seq_loss
 

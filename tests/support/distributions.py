@@ -31,7 +31,7 @@ def tiny_vocab_pair(family: str = "gpt2"):
     """(small, large) over a 6-token vocabulary, so the output distribution can be enumerated: GPT-2
     (run by the Hugging Face engine) or T5 (run by the native engine). The small model is a noisy
     copy of the large one, a close drafter as a real one is."""
-    import pipeline.tiny as tiny
+    import pipeline.pairs.tiny as tiny
 
     config = tiny._config(family, "large")
     config.vocab_size = VOCAB

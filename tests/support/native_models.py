@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
-from pipeline.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, build_model, byte_tokenizer
+from pipeline.pairs.tiny import EOS, PAD, VOCAB_SIZE, _scale_weights, build_model, byte_tokenizer
 
 SHAPES = {
     "t5-v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True, num_decoder_layers=3),
@@ -14,14 +14,14 @@ SHAPES = {
     "narrow-heads": dict(d_model=48, num_heads=3, d_kv=24, num_decoder_layers=3),  # 3 * 24 != 48
     "one-decoder-layer": dict(num_decoder_layers=1, tie_word_embeddings=False),
 }
-BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.tiny's families; nllb is M2M100
-# Each BART-family model in pipeline.tiny's two shapes: "large" (width 64, 3 decoder layers) and
+BART_FAMILY = ("bart", "mbart", "marian", "nllb")  # pipeline.pairs.tiny's families; nllb is M2M100
+# Each BART-family model in pipeline.pairs.tiny's two shapes: "large" (width 64, 3 decoder layers) and
 # ":small" (width 32, one decoder layer).
 MODELS = [*SHAPES, *BART_FAMILY, *(f"{family}:small" for family in BART_FAMILY)]
 
 
 def build(name: str, seed: int = 0, dtype=torch.float32):
-    """A tiny random model: a T5 shape of SHAPES, or a BART-family model of pipeline.tiny."""
+    """A tiny random model: a T5 shape of SHAPES, or a BART-family model of pipeline.pairs.tiny."""
     family, _, size = name.partition(":")
     if family in BART_FAMILY:
         return build_model(family, size or "large", seed=seed).to(dtype).eval()

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from pipeline.decoding import ModelPair
-from pipeline.tiny import build_pair
+from pipeline.pairs.tiny import build_pair
 
 # Tiny models: one thread is faster than two (per-call overhead dominates) and leaves a core free.
 torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """A deliberately naive BiLD (greedy) with no KV caches: every step re-reads the whole sequence.
 
-Written straight from DESIGN.md §1 and independently of pipeline.decoding, it is the oracle
+Written straight from docs/design.md §1 and independently of pipeline.decoding, it is the oracle
 for the cached loop: any stale cache entry in the real loop makes the two disagree.
 """
 

@@ -45,7 +45,7 @@ ROWS_KERNEL_FROM_SLOTS = 16
 # k-token verification cost little more than one step. One thread, AVX-512 VNNI machine, step at
 # batch 1 (k = 1) and a verification of 11 tokens, rows over blocks: T5-large shapes (358M weights
 # a step) 0.98x and 0.45x; T5-base (104M) 0.99x and 0.50x; T5-small (25M) 1.29x and 0.51x; the demo's
-# `large` (9M) 1.17x and 0.74x (docs/bench-t5-inflated/verify_kernels.md).
+# `large` (9M) 1.17x and 0.74x (benchmarks/bench-t5-inflated/verify_kernels.md).
 ROWS_KERNEL_FROM_WEIGHTS = 64_000_000
 # Our attention kernel (attention_kernel.py: decode_attention.c between onnxruntime segments) instead of
 # onnxruntime's attention ops from this many slots on. Demo pair, int8, tokens/s of the kernel over
