@@ -125,6 +125,12 @@ class DecodingConfig:
             object.__setattr__(self, "max_new_tokens", TokenBudget(**self.max_new_tokens))
         check_settings(self, *rules.decoding_problems(self))
 
+    @property
+    def measures_windows(self) -> bool:
+        """Whether each round's draft window is measured (adaptive_draft on a drafting method): a window chooser
+        (draft_length.DraftLength) runs."""
+        return self.adaptive_draft and self.method in DRAFTING_METHODS
+
     def budget(self, input_tokens: int) -> int:
         """The most tokens a unit of ``input_tokens`` input tokens may generate (max_new_tokens)."""
         if isinstance(self.max_new_tokens, TokenBudget):

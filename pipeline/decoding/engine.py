@@ -11,9 +11,7 @@ model's key/value cache for ``slots`` rows and offers four verbs:
   nothing is copied or recomputed);
 - ``release(slot)``: the row left; the slot is free for the next one.
 
-A fifth, ``draft(feed, rule)``, runs a greedy draft window: up to k small-model steps, each with
-BiLD's fallback check, EOS and the window, in one call. The default loops over ``forward`` (every
-engine runs it so today); an engine may override it to run the window without Python between steps.
+An engine knows no decoding policy: what to draft is drafting.py's, what to keep policies.py's.
 
 ``HFEngine`` (engines/hf_engine.py) runs any Hugging Face model and is the reference in tests; the native
 engines (engines/t5_engine.py, one file per model family) run their own forward pass over a preallocated
@@ -29,8 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.policies import fallback
-from pipeline.decoding.sampling import greedy, to_probs
 
 
 
@@ -54,54 +50,6 @@ class Feed:
     @property
     def width(self) -> int:
         return self.tokens.shape[1]
-
-
-@dataclass(frozen=True)
-class DraftRule:
-    """When each row of a greedy draft window stops (docs/design.md §1, step 1)."""
-
-    windows: list[int]  # [R] the most drafts each row may write in this call (>= 1)
-    fallback_threshold: float | None  # a row falls back (stops without a draft) when max p_S < this; None: never
-    eos_ids: frozenset[int]
-    enough: int  # the call returns once this many rows have stopped (BatchPolicy.verify_share)
-
-
-@dataclass
-class Drafted:
-    """What a draft call wrote, per row of its feed."""
-
-    tokens: list[list[int]]  # [R] the row's drafts, in order
-    calls: list[int]  # [R] forward passes the row took part in
-    fell_back: list[bool]  # [R] the row's last pass gave no draft (a fallback)
-    stopped: list[bool]  # [R] the row's window is over: a fallback, EOS or its window full
-    steps: int = 0  # forward passes of the call
-
-    @classmethod
-    def empty(cls, rows: int) -> "Drafted":
-        return cls([[] for _ in range(rows)], [0] * rows, [False] * rows, [False] * rows)
-
-    def judge(self, live: list[int], logits: torch.Tensor, rule: DraftRule) -> list[int]:
-        """One step of the rows ``live`` (their logits [len(live), V]): each keeps its argmax draft
-        unless it falls back; returns the rows still drafting."""
-        probs = to_probs(logits)  # the scheduler's own test and choice, so counters match its other paths
-        tokens = greedy(probs).tolist()
-        unsure = fallback(probs, rule.fallback_threshold).tolist() if rule.fallback_threshold is not None else None
-        self.steps += 1
-        going = []
-        for i, row in enumerate(live):
-            self.calls[row] += 1
-            if unsure is not None and unsure[i]:
-                self.fell_back[row] = self.stopped[row] = True
-                continue
-            self.tokens[row].append(tokens[i])
-            if tokens[i] in rule.eos_ids or len(self.tokens[row]) >= rule.windows[row]:
-                self.stopped[row] = True
-            else:
-                going.append(row)
-        return going
-
-    def done(self, live: list[int], rule: DraftRule) -> bool:
-        return not live or len(self.stopped) - len(live) >= rule.enough
 
 
 class CallCost:
@@ -283,20 +231,6 @@ class Engine(ABC):
         for slot, position, count in zip(feed.slots, feed.positions, feed.counts):
             self.lengths[slot] = position + count
         return logits
-
-    def draft(self, feed: Feed, rule: DraftRule) -> Drafted:
-        """A greedy draft window for ``feed``'s rows (each reads 1): argmax drafts until each row falls
-        back, writes EOS or fills its window, or until ``rule.enough`` rows stopped. This one loops over
-        ``forward``, one token per still-drafting row after the first pass."""
-        drafted = Drafted.empty(len(feed.slots))
-        live, all_slots = list(range(len(feed.slots))), feed.slots
-        while True:
-            live = drafted.judge(live, self.forward(feed)[:, 0], rule)
-            if drafted.done(live, rule):
-                return drafted
-            slots = [all_slots[row] for row in live]
-            tokens = torch.tensor([[drafted.tokens[row][-1]] for row in live])
-            feed = Feed(slots, tokens, [self.lengths[slot] for slot in slots], [1] * len(live), [1] * len(live))
 
     def rewind(self, slot: int, length: int) -> None:
         """Keep only the first ``length`` cached positions of ``slot`` (a no-op where fewer)."""

@@ -15,8 +15,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.decoding.config import DTYPE_NAMES, DecodingConfig, ModelSpec
-from pipeline.decoding.draft_length import DraftLength
+from pipeline.decoding.config import DTYPE_NAMES, ModelSpec
 from pipeline.decoding.engine import Engine
 from pipeline.decoding.engines import registry
 from pipeline.decoding.engines.native_pair import native_weights, unsupported_reason as native_unsupported_reason
@@ -99,7 +98,6 @@ class ModelPair:
     quantize: str = "none"  # config.QUANTIZE_NAMES: "int8" runs int8 matrices where they pay (engines/int8.py)
     _engines: dict = field(default_factory=dict, init=False, repr=False)
     _prepared: dict = field(default_factory=dict, init=False, repr=False)  # role -> prepare()'s
-    _draft_lengths: dict = field(default_factory=dict, init=False, repr=False)  # (config, slots) -> DraftLength
 
     def __post_init__(self) -> None:
         check_compatible(self.small, self.large)
@@ -170,18 +168,6 @@ class ModelPair:
                 self._prepared[role] = prepare(model, self.engine_kind, self.quantize)
             self._engines[key] = build_engine(model, self.engine_kind, slots, prepared=self._prepared[role])
         return self._engines[key]
-
-    def draft_length(self, config: DecodingConfig, slots: int) -> DraftLength:
-        """The window chooser of ``config`` on the engines of ``slots`` rows: one per pair, kept across
-        calls, so that what it measured on one batch of records (or one record, at batch 1) serves the next."""
-        key = (config, slots)
-        if key not in self._draft_lengths:
-            self._draft_lengths[key] = DraftLength(config.max_draft_tokens, slots)
-        return self._draft_lengths[key]
-
-    def forget_measurements(self) -> None:
-        """Drop what the window choosers measured so far: a warm-up's first calls cost what later ones do not."""
-        self._draft_lengths.clear()
 
     def decoder_prefix(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A request's decoder prefix [P]: the start token (encoder-decoder) or the prompt itself.

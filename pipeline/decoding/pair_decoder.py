@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pipeline.decoding.config import BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.decoder import Ran
+from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.models import ModelPair
 from pipeline.decoding.scheduler import decode_batch
 from pipeline.decoding.scripted import calibrate
@@ -18,6 +19,9 @@ class PairDecoder:
     def __init__(self, pair: ModelPair, config: DecodingConfig):
         self.pair, self.config = pair, config
         self._slots = 1  # the slots of the engines the last decode ran on (its batch size; 1 before any)
+        # The window chooser of each batch size: kept across calls, so that what it measured on one batch of
+        # records (or one record, at batch 1) serves the next.
+        self._choosers: dict[int, DraftLength] = {}
 
     @property
     def tokenizer(self):
@@ -29,7 +33,7 @@ class PairDecoder:
 
     def decode_requests(self, requests: Sequence[BatchRequest], batch: BatchPolicy) -> list[DecodeOutput]:
         self._slots = batch.batch_size
-        return decode_batch(self.pair, self.config, batch, requests)
+        return decode_batch(self.pair, self.config, batch, requests, self.chooser(batch.batch_size))
 
     def ran(self) -> Ran:
         """The pair's engine and quantize, and its engines' attention and int8 scheme (Engine.attention_path,
@@ -47,7 +51,15 @@ class PairDecoder:
     def calibrate(self, batch: BatchPolicy) -> None:
         """Teach the window chooser of this config what rounds cost here, before the first record (a drafting
         method with measured windows; nothing for another): scripted.calibrate."""
-        calibrate(self.pair, self.config, batch)
+        if self.config.measures_windows:
+            calibrate(self.pair, self.config, batch, self.chooser(batch.batch_size))
+
+    def chooser(self, slots: int) -> DraftLength:
+        """The window chooser of ``slots`` rows (made on first use)."""
+        if slots not in self._choosers:
+            self._choosers[slots] = DraftLength(self.config.max_draft_tokens, slots)
+        return self._choosers[slots]
 
     def forget_measurements(self) -> None:
-        self.pair.forget_measurements()
+        """Drop what the window choosers measured so far: a warm-up's first calls cost what later ones do not."""
+        self._choosers.clear()

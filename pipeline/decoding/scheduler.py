@@ -4,8 +4,8 @@ A batch holds up to ``batch_size`` active rows (batch size 1 is the same code wi
 Each round either
 
 - *drafts*: every drafting row drafts until it falls back (max pS < alpha_FB), writes EOS or fills
-  its window, then waits (greedy: a whole window in one engine call, Engine.draft; sampling: one
-  token per round). A row's window is chosen when its round opens: ``max_draft_tokens``, or with
+  its window, then waits (drafting.py: greedy rows a whole window in one call, sampled ones one token
+  per round). A row's window is chosen when its round opens: ``max_draft_tokens``, or with
   ``adaptive_draft`` the measured best (draft_length.py), where 0 makes the round a plain large step; or
 - *verifies*: the large model reads the pending drafts of every waiting row in one forward pass
   (or a few, see ``_verify_groups``); each row's policy verdict (policies.py) keeps a prefix of
@@ -34,8 +34,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
-from pipeline.decoding.engine import DraftRule, Engine, Feed, padding_groups
-from pipeline.decoding.policies import fallback, judge, model_probs
+from pipeline.decoding.drafting import Drafter
+from pipeline.decoding.engine import Engine, Feed, padding_groups
+from pipeline.decoding.policies import judge, model_probs
 from pipeline.decoding.sampling import RowSampler, choose, greedy
 from pipeline.decoding.stats import DecodeOutput, DecodeStats
 
@@ -96,12 +97,13 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.prefix_for = prefix_for
         self.device = torch.device(device)
-        self.use_fallback = config.method == "bild" or config.draft_window == "fallback"
         # The small model's encoder is the large one's (which only matters where both run).
         self.shares_encoder = shares_encoder and None not in (small, large)
-        if draft_length is None and config.method in DRAFTING_METHODS and config.adaptive_draft:
+        if draft_length is None and config.measures_windows:
             draft_length = DraftLength(config.max_draft_tokens, policy.batch_size)
         self.draft_length = draft_length
+        self.drafter = Drafter(small, config, eos_ids, lambda rows: self._feed(small, rows, [1] * len(rows)),
+                               self._choose) if config.method in DRAFTING_METHODS else None
 
     # --- the outer loop -------------------------------------------------------------------------
 
@@ -217,7 +219,9 @@ class Scheduler:
     # --- BiLD and speculative decoding ----------------------------------------------------------
 
     def _step_drafts(self, active: list[_Row]) -> list[_Row]:
-        self._open_windows(active)
+        if any(row.window is None for row in active):  # rows opening a round: the configured or the measured best
+            most = self.config.max_draft_tokens if self.draft_length is None else self.draft_length.choose(len(active))
+            self.drafter.open_windows(active, most)
         if all(row.window == 0 for row in active):  # plain large steps only: the Python of `large`'s own step
             started = time.perf_counter()
             finished = self._plain_step(self.large, active)
@@ -232,75 +236,10 @@ class Scheduler:
         started = time.perf_counter()
         enough = max(1, math.ceil(self.policy.verify_share * len(active)) - len(waiting))
         self._admit_drafters(drafting)
-        steps = self._draft(drafting, enough)
+        steps = self.drafter.draft(drafting, self.sequence, enough)
         if self.draft_length is not None:
             self.draft_length.drafted(len(drafting), time.perf_counter() - started, steps)
         return []
-
-    def _open_windows(self, active: list[_Row]) -> None:
-        """Rows starting a round get its window: the configured one, or the measured best (draft_length.py)
-        within the token budget. A window of 0 is a plain large-model step: the row waits at once."""
-        opening = [row for row in active if row.window is None]
-        if not opening:
-            return
-        most = self.config.max_draft_tokens if self.draft_length is None else self.draft_length.choose(len(active))
-        for row in opening:
-            row.window = min(most, row.budget - row.produced())
-            if row.window == 0:
-                row.waiting = True
-                row.stats.plain_steps += 1
-
-    def _draft(self, rows: list[_Row], enough: int) -> int:
-        """The drafting rows draft until ``enough`` of them stop (docs/design.md §1, step 1): greedy rows in one
-        engine call (Engine.draft), sampled and cascade rows one step per round (their q and the row's own
-        random stream live here). Returns the small model's forward passes."""
-        if self.config.do_sample or self.config.method == "cascade":
-            self._draft_step(rows)
-            return 1
-        rule = DraftRule(windows=[row.window - row.drafts for row in rows],
-                         fallback_threshold=self.config.fallback_threshold if self.use_fallback else None,
-                         eos_ids=self.eos_ids, enough=enough)
-        drafted = self.small.draft(self._feed(self.small, rows, [1] * len(rows)), rule)
-        for row, tokens, calls, fell_back, stopped in zip(rows, drafted.tokens, drafted.calls, drafted.fell_back,
-                                                          drafted.stopped):
-            self.sequence[row.slot, row.length + row.drafts : row.length + row.drafts + len(tokens)] = torch.tensor(tokens)
-            row.drafts += len(tokens)
-            row.stats.small_calls += calls
-            row.window_calls += calls
-            row.stats.fallbacks += int(fell_back)
-            row.ended_on_eos = bool(tokens) and tokens[-1] in self.eos_ids
-            row.waiting = stopped
-        return drafted.steps
-
-    def _draft_step(self, rows: list[_Row]) -> None:
-        """One small-model step for each drafting row: a draft, or a fallback (sampling, cascades)."""
-        logits = self.small.forward(self._feed(self.small, rows, [1] * len(rows)))[:, 0]  # [R, V]
-        probs = self._probs(logits)
-        unsure = fallback(probs, self.config.fallback_threshold).tolist() if self.use_fallback else [False] * len(rows)
-        sure = [i for i, flag in enumerate(unsure) if not flag]
-        # Only rows that keep a draft draw from their random stream, as they would alone.
-        if len(sure) == len(rows):
-            chosen = self._choose(probs, rows).tolist()
-        else:
-            chosen = self._choose(probs[sure], [rows[i] for i in sure]).tolist() if sure else []
-        tokens = dict(zip(sure, chosen))
-        for i, row in enumerate(rows):
-            row.stats.small_calls += 1
-            row.window_calls += 1
-            if i not in tokens:
-                row.stats.fallbacks += 1
-                row.waiting = True
-                continue
-            self.sequence[row.slot, row.length + row.drafts] = tokens[i]
-            row.drafts += 1
-            if self.config.do_sample:
-                row.draft_probs.append(probs[i])
-            if self.config.method == "cascade":
-                row.draft_logits.append(logits[i])
-            if tokens[i] in self.eos_ids:
-                row.ended_on_eos = row.waiting = True
-            elif row.drafts >= row.window:
-                row.waiting = True
 
     def _verify_groups(self, rows: list[_Row]) -> list[list[_Row]]:
         """The waiting rows in the groups verified together: one large-model pass, or several where rows with
@@ -384,19 +323,20 @@ class Scheduler:
         return choose(probs, True, RowSampler([row.sampler.generators[0] for row in rows]))
 
 
-def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy) -> Scheduler:
-    """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses (and, with
-    ``config.adaptive_draft``, the pair's window chooser for them, which outlives this scheduler)."""
-    drafting = config.method in DRAFTING_METHODS and config.adaptive_draft
+def scheduler_for(pair, config: DecodingConfig, policy: BatchPolicy, chooser: DraftLength | None = None) -> Scheduler:
+    """A Scheduler over ``pair`` (a ModelPair) with the engines ``config.method`` uses; ``chooser``: the window
+    chooser it reports to and asks (with ``config.adaptive_draft``; None: one of its own, for this run only),
+    which its owner (pair_decoder.PairDecoder, a benchmark) keeps across runs."""
     return Scheduler(
         pair.engine("small", policy.batch_size) if config.method != "large" else None,
         pair.engine("large", policy.batch_size) if config.method != "small" else None,
         config, policy, pair.eos_token_ids, pair.decoder_prefix,
         device=pair.device, shares_encoder=pair.shares_encoder,
-        draft_length=pair.draft_length(config, policy.batch_size) if drafting else None,
+        draft_length=chooser if config.measures_windows else None,
     )
 
 
-def decode_batch(pair, config: DecodingConfig, policy: BatchPolicy, requests: Sequence[BatchRequest]) -> list[DecodeOutput]:
+def decode_batch(pair, config: DecodingConfig, policy: BatchPolicy, requests: Sequence[BatchRequest],
+                 chooser: DraftLength | None = None) -> list[DecodeOutput]:
     """Decode ``requests`` with ``pair`` (a ModelPair), ``policy.batch_size`` rows at a time."""
-    return scheduler_for(pair, config, policy).run(requests)
+    return scheduler_for(pair, config, policy, chooser).run(requests)

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from pipeline.decoding.config import DRAFTING_METHODS, BatchPolicy, BatchRequest, DecodingConfig
+from pipeline.decoding.config import BatchPolicy, BatchRequest, DecodingConfig
 from pipeline.decoding.draft_length import DraftLength
 from pipeline.decoding.engine import Engine, Feed
 from pipeline.decoding.scheduler import Scheduler
@@ -114,12 +114,12 @@ def scripted_scheduler(pair, config: DecodingConfig, policy: BatchPolicy, choose
                      shares_encoder=pair.shares_encoder and timed, draft_length=chooser)
 
 
-def calibrate(pair, config: DecodingConfig, policy: BatchPolicy, source_tokens: int = 16) -> None:
+def calibrate(pair, config: DecodingConfig, policy: BatchPolicy, chooser: DraftLength,
+              source_tokens: int = 16) -> None:
     """Teach ``config``'s window chooser on ``pair`` (at ``policy``'s batch size) what rounds cost, from scripted
     rounds of CALIBRATION_WINDOWS on a full batch of ``source_tokens``-token sources: an actor's warm-up."""
-    if config.method not in DRAFTING_METHODS or not config.adaptive_draft:
+    if not config.measures_windows:
         return
-    chooser = pair.draft_length(config, policy.batch_size)
     source = torch.full((source_tokens,), int(sure_of_one_token(pair).argmax()))
     for window in CALIBRATION_WINDOWS:
         budget = CALIBRATION_ROUNDS * (window + 1)

@@ -225,21 +225,21 @@ def test_bad_records_in_a_batch_get_their_own_errors():
 def test_a_failing_batch_is_retried_record_by_record(monkeypatch):
     """Only the batched call fails: each record is then decoded alone, with no error and the
     tokens and statistics it has alone (computed before anything is patched)."""
-    import pipeline.decoding.pair_decoder as generator_module
+    import pipeline.decoding.pair_decoder as decoder_module
 
     pair = tiny_pair("t5", "noisy", 0)
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, **FIXED)
     expected = alone(pair, config, INPUTS[:3], [0, 0, 0])
     assert all(r.error is None and r.token_ids for r in expected)
-    real, batched = generator_module.decode_batch, []
+    real, batched = decoder_module.decode_batch, []
 
-    def fails_with_several_rows(pair, config, policy, requests):
+    def fails_with_several_rows(pair, config, policy, requests, chooser=None):
         if len(requests) > 1:
             batched.append(len(requests))
             raise RuntimeError("out of memory")
-        return real(pair, config, policy, requests)
+        return real(pair, config, policy, requests, chooser)
 
-    monkeypatch.setattr(generator_module, "decode_batch", fails_with_several_rows)
+    monkeypatch.setattr(decoder_module, "decode_batch", fails_with_several_rows)
     results = Generator(pair, config).generate(INPUTS[:3], seeds=[0, 0, 0], batch=BatchPolicy(4))
     assert batched == [3]  # the batch was tried once, then every record alone
     assert [r.error for r in results] == [None, None, None]

@@ -25,7 +25,8 @@ from pipeline.decoding.draft_length import (
     SETTLING_EPOCHS,
     DraftLength,
 )
-from pipeline.decoding.scheduler import BatchPolicy, Scheduler, decode_batch, scheduler_for
+from pipeline.decoding.drafting import Drafter
+from pipeline.decoding.scheduler import BatchPolicy, decode_batch, scheduler_for
 from support.distributions import RESIDUALS, check_loop, sample_loop, verify_with_residual
 from support.families import slow_unless
 from support.pairs import tiny_pair
@@ -260,19 +261,19 @@ def test_a_calibrated_chooser_knows_the_costs_before_any_record_and_learns_the_a
     """scripted.calibrate (an actor's warm-up) runs scripted rounds on the pair's real engines: the chooser's cost
     fits hold before the first record, so its first epoch already measures (plain steps first); a script keeps
     every draft, so what it tells of acceptance is left to the records. A config with fixed windows is left be."""
-    from pipeline.decoding.scripted import calibrate
+    from pipeline.decoding.pair_decoder import PairDecoder
 
     pair = tiny_pair("t5", "noisy", 0)
-    pair.forget_measurements()
     config = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, max_draft_tokens=4)
-    calibrate(pair, config, BatchPolicy(size))
-    chooser = pair.draft_length(config, size)
+    decoder = PairDecoder(pair, config)
+    decoder.calibrate(BatchPolicy(size))
+    chooser = decoder.chooser(size)
     assert chooser.small_cost.n >= chooser.small_cost.min_calls and chooser.large_cost.n >= chooser.large_cost.min_calls
     assert chooser.small_calls == chooser.drafts == chooser.kept == chooser.made == 0
     assert chooser.choose(size) == 0 and not chooser._epoch[4]  # no fits' epoch: the settling plain ones at once
-    fixed = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, adaptive_draft=False)
-    calibrate(pair, fixed, BatchPolicy(size))
-    assert (fixed, size) not in pair._draft_lengths
+    fixed = PairDecoder(pair, DecodingConfig(method="bild", max_new_tokens=MAX_NEW, adaptive_draft=False))
+    fixed.calibrate(BatchPolicy(size))
+    assert fixed._choosers == {}
 
 
 def drafting_share(epochs: list[int]) -> float:
@@ -386,9 +387,9 @@ def test_records_shorter_than_an_epoch_still_pair_their_epochs_and_the_time_betw
 # --- the one-call drafter ---------------------------------------------------------------------------
 
 
-def step_by_step(self, rows, enough):
-    """The drafter before Engine.draft: one small-model step per round, in the scheduler."""
-    self._draft_step(rows)
+def step_by_step(self, rows, sequence, enough):
+    """The drafter before drafting.draft_window: one small-model step per round."""
+    self._draft_step(rows, sequence)
     return 1
 
 
@@ -397,7 +398,7 @@ DRAFTER_CONFIGS = {"bild": dict(method="bild", fallback_threshold=0.5, rollback_
                    "speculative": dict(method="speculative", max_draft_tokens=3, adaptive_draft=False),
                    "speculative_fallback_window": dict(method="speculative", draft_window="fallback",
                                                        fallback_threshold=0.5, adaptive_draft=False)}
-# Engine.draft over each engine's forward: on the native and onnx T5 engines under every config in make
+# drafting.draft_window over each engine's forward: on the native and onnx T5 engines under every config in make
 # test-fast, on Hugging Face's (GPT-2, BART) under one config there and under every config in make test.
 DRAFTER_CASES = slow_unless(
     [(name, engine, family) for engine, family in [("auto", "t5"), ("onnx", "t5"), ("auto", "gpt2"), ("auto", "bart")]
@@ -413,7 +414,7 @@ def test_the_one_call_drafter_changes_no_token_and_no_counter(name, engine, fami
     for size, share in [(1, 1.0), (8, 1.0), (8, 0.5)]:
         one_call = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
         with monkeypatch.context() as patched:
-            patched.setattr(Scheduler, "_draft", step_by_step)
+            patched.setattr(Drafter, "draft", step_by_step)
             stepwise = decode_batch(pair, config, BatchPolicy(size, share), requests_for(pair, INPUTS))
         for a, b in zip(one_call, stepwise):
             assert a.tokens == b.tokens and a.stats == b.stats, f"B={size} share={share}"

@@ -118,6 +118,23 @@ def test_no_import_cycle():
     assert find_cycle(import_graph()) is None
 
 
+# What to draft (drafting.py), what to keep (policies.py) and when (scheduler.py) are the decoding's, not a model's.
+POLICY_MODULES = {"pipeline.decoding.policies", "pipeline.decoding.drafting", "pipeline.decoding.scheduler",
+                  "pipeline.decoding.rules"}
+
+
+def policy_imports_of_engines(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items())
+            if module == "pipeline.decoding.engine" or module.startswith("pipeline.decoding.engines.")
+            for target in sorted(targets & POLICY_MODULES)]
+
+
+def test_engines_know_no_policy():
+    assert policy_imports_of_engines(import_graph()) == []
+    planted = {**import_graph(), "pipeline.decoding.engine": {"pipeline.decoding.policies"}}
+    assert policy_imports_of_engines(planted) == ["pipeline.decoding.engine imports pipeline.decoding.policies"]
+
+
 def test_the_checks_catch_a_planted_upward_import_and_a_planted_cycle():
     """The two checks above on the package's graph with one upward import, then one cycle, added."""
     graph = import_graph()
