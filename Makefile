@@ -13,7 +13,7 @@ TORCH_CPU_ARGS ?=
 setup: $(VENV)/.installed
 
 # pip -qq: errors only (a first setup printed ~200 lines of notices and warnings that were not ours).
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py pipeline/decoding/engines/decode_attention.c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install -qq --upgrade pip
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -70,4 +70,4 @@ gpu-wheels: setup
 	    else print "wheelhouse: " $$1 " MiB in $(GPU_WHEELS):" }' && ls $(GPU_WHEELS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info pipeline/decoding/engines/_decode_attention*.so

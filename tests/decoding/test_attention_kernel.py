@@ -1,8 +1,10 @@
 """The onnx engine's own attention (attention_kernel.py, decode_attention.c) and the step cut around it
 (onnx_segments.py). Its numerics and its invariants run in test_onnx_engine.py with either attention;
 here: the kernel against a plain torch reference, the cut step's plumbing, what the kernel refuses to
-be handed, how it is built (and that it builds wherever there is a compiler: a failure, not a skip), a
-machine without a compiler, and the output rows saying which attention and int8 scheme ran."""
+be handed, how it is built (and that it builds wherever there is a compiler: a failure, not a skip), the
+library the install built and when it is not loaded, a machine without a compiler, and the output rows
+saying which attention and int8 scheme ran. A wheel's library on a machine without one:
+tests/infra/test_wheel.py."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.decoding import DecodingConfig, ModelSpec
+from pipeline.decoding import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.decoding.engine import Feed
 from pipeline.decoding.engines import attention_kernel, onnx_engine, onnx_graph
 from pipeline.decoding.engines.onnx_engine import OnnxEngine
@@ -67,9 +69,11 @@ def test_the_kernel_builds_wherever_there_is_a_compiler():
 
 def test_it_is_built_without_contraction_and_a_change_of_flags_builds_anew():
     """-ffp-contract=off (clang fuses a * b + c by default: nodes would decode a record differently), the
-    -O flags kept; the library is kept under its compiler, flags and source."""
+    -O flags kept, for any x86-64 (no -march: a wheel's library runs elsewhere), -fwrapv undone (Python's
+    CFLAGS, 2.3x the time); the library is kept under its compiler, flags and source."""
     flags = attention_kernel.FLAGS
     assert "-ffp-contract=off" in flags and "-O3" in flags and not any("fast-math" in flag for flag in flags)
+    assert not any(flag.startswith(("-march", "-mtune")) for flag in flags) and "-fno-wrapv" in flags
     key = attention_kernel.build_key("cc", flags)
     assert key == attention_kernel.build_key("cc", flags)
     assert key != attention_kernel.build_key("cc", tuple(flag for flag in flags if flag != "-ffp-contract=off"))
@@ -274,7 +278,45 @@ def test_the_cut_step_hands_each_tensor_on_in_a_buffer_no_piece_both_reads_and_w
     assert len(widths) <= 6 < len(where)
 
 
+def test_the_install_built_the_kernel_and_the_engines_load_it(kernel):
+    """`pip install -e .` (make setup) built it in place wherever there is a compiler, and kernel() loads
+    that one; it computes what the run-time build computes, bit for bit (the same source and flags)."""
+    assert attention_kernel.installed_library() is not None, (
+        "no installed kernel beside attention_kernel.py: `.venv/bin/pip install -e . --no-deps` builds it")
+    assert kernel.origin == "installed", "decode_attention.c changed since the install: `pip install -e .` rebuilds it"
+    built = attention_kernel.build()
+    assert built.origin == "built at run time"
+    rng, arrays = np.random.default_rng(3), cross_arrays(rows=3)
+    for name in ("query", "cross_k", "cross_v"):
+        arrays[name] = rng.standard_normal(arrays[name].shape, dtype=np.float32)
+    outs = [np.zeros_like(arrays["out"]) for _ in range(2)]
+    for each, out in zip((kernel, built), outs):
+        each.cross_attention(**{**arrays, "out": out})()
+    assert outs[0].any() and np.array_equal(*outs)
+
+
+def test_an_installed_kernel_of_another_source_is_not_loaded(kernel, monkeypatch, tmp_path, caplog):
+    """decode_attention.c edited since the install: the installed library is refused (its digest is the
+    old text's) and the kernel is built at run time, with one warning saying why."""
+    edited = tmp_path / "decode_attention.c"
+    edited.write_bytes(attention_kernel.SOURCE.read_bytes() + b"/* edited */\n")
+    monkeypatch.setattr(attention_kernel, "SOURCE", edited)
+    with pytest.raises(attention_kernel.NotInstalled, match="built from another decode_attention.c"):
+        attention_kernel.load_installed()
+    attention_kernel.kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.decoding.engines.attention_kernel"):
+            assert attention_kernel.kernel().origin == "built at run time"
+            assert attention_kernel.kernel().origin == "built at run time"
+        warnings = [record.getMessage() for record in caplog.records]
+        assert len(warnings) == 1 and "built from another" in warnings[0] and "built at run time" in warnings[0]
+    finally:
+        attention_kernel.kernel.cache_clear()
+
+
 def test_without_a_compiler_the_engine_keeps_onnxruntimes_attention(monkeypatch, caplog):
+    """Neither installed (an install without a compiler) nor buildable: onnxruntime's attention."""
+    monkeypatch.setattr(attention_kernel, "installed_library", lambda: None)
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.delenv("BILD_ATTENTION_KERNEL", raising=False)
     attention_kernel.kernel.cache_clear()
@@ -284,6 +326,7 @@ def test_without_a_compiler_the_engine_keeps_onnxruntimes_attention(monkeypatch,
             assert attention_kernel.kernel() is None
         warnings = [record.getMessage() for record in caplog.records]
         assert len(warnings) == 1, warnings  # once, naming why and what runs instead
+        assert "not installed (no _decode_attention library" in warnings[0]
         assert "did not build (/nonexistent/cc" in warnings[0] and "onnxruntime's attention ops instead" in warnings[0]
         monkeypatch.delenv("CC")
         monkeypatch.setenv("PATH", "/nonexistent")
@@ -328,7 +371,7 @@ def test_rows_say_which_attention_and_int8_scheme_ran(saved_tiny_pair, kernel, b
                         "reference": ["x"] * 3, "input_error": [None, None, "unreadable"]})
     spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu", engine="onnx", quantize="int8"),
                            points=(("bild", config),), prompt=None, job_name="t", config_hash="h",
-                           batch_size=batch_size)
+                           batch=BatchPolicy(batch_size))
     rows = DecodeStage(spec)(records).to_pylist()
     assert [row["error"] for row in rows] == [None, None, "unreadable"]
     assert {(row["engine"], row["quantize"], row["attention"], row["int8_scheme"]) for row in rows} == {

@@ -1,8 +1,12 @@
-"""The onnx engine's own decode-step attention: decode_attention.c, compiled once per process with the
-machine's C compiler and called through ctypes between the step's onnxruntime segments
-(onnx_segments.py). Where it cannot be built (no compiler, a compile error) ``kernel()`` is None, one
-warning names why, and the engine keeps onnxruntime's attention ops (one call per step); the rows it
-decodes say so in their ``attention`` column (Engine.attention_path).
+"""The onnx engine's own decode-step attention: decode_attention.c, called through ctypes between the
+step's onnxruntime segments (onnx_segments.py). It ships compiled: the install (setup.py: a wheel, or
+`pip install -e .` in place) builds it beside this file as _decode_attention<EXTENSION_SUFFIX>, and
+``kernel()`` loads that (``origin`` "installed"). Where there is none (installed without a C compiler,
+or a source tree not installed) or it was built from another decode_attention.c (edited since), it is
+compiled once per process with the machine's C compiler instead (``origin`` "built at run time"), and
+one warning says why. Where that fails too ``kernel()`` is None, the warning names why, and the engine
+keeps onnxruntime's attention ops (one call per step); the rows it decodes say so in their
+``attention`` column (Engine.attention_path).
 
 What the C code reads and writes is checked on both sides of the call. Here, once per bound call (a
 step binds its arrays once per shape and refills them): every array's dtype, shape, C-contiguity and
@@ -17,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.machinery
 import logging
 import os
 import shutil
@@ -30,11 +35,15 @@ log = logging.getLogger(__name__)
 
 ATTENTIONS = ("onnxruntime", "kernel")  # an onnx engine's attention: onnxruntime's ops, or this kernel
 SOURCE = Path(__file__).with_name("decode_attention.c")
-# -march=native: the vector width of the machine that runs it (it is built where it runs);
-# no -ffast-math: the sums keep the source's order, so a row's result never depends on the call;
+LIBRARY = "_decode_attention"  # the installed library's name beside this file (setup.py builds it)
+# The flags of both builds, setup.py's and the run-time one. No -march: a wheel's library runs on other
+# x86-64 machines (decode_attention.c picks its AVX2 clone by the CPU). No -ffast-math: the sums keep
+# the source's order, so a row's result depends neither on the call nor on the vector width;
 # -ffp-contract=off: no fused multiply-adds (clang contracts by default, gcc does not in -std=c11):
 # every compiler rounds each product and sum as the source writes them, so nodes decode a record alike.
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11")
+# -fno-wrapv: setuptools puts Python's own CFLAGS before these, and their -fwrapv (signed overflow
+# wraps) took 2.3x the kernel's time.
+FLAGS = ("-O3", "-ffp-contract=off", "-fno-wrapv", "-shared", "-fPIC", "-std=c11")
 FALLBACK = "the onnx engine runs onnxruntime's attention ops instead (rows' attention column: onnxruntime)"
 
 _pointer, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -49,14 +58,19 @@ class BuildError(RuntimeError):
     """decode_attention.c did not compile or load (the message says why)."""
 
 
+class NotInstalled(LookupError):
+    """No installed library to load (the message says why)."""
+
+
 class DecodeAttention:
     """The compiled kernel's two entry points, bound to a step's arrays once: ``self_attention`` and
     ``cross_attention`` check the arrays and return a call without arguments (a step only refills the
     arrays), which raises ValueError, having written nothing, where a row's indices do not fit them.
     Row a of a step reads and writes the caches of slot ``slots[a]`` (each row its own slot)."""
 
-    def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...] = FLAGS):
+    def __init__(self, library: ctypes.CDLL, flags: tuple[str, ...] = FLAGS, origin: str = "built at run time"):
         self.flags = flags  # what it was compiled with
+        self.origin = origin  # "installed" (setup.py built it) or "built at run time"
         self._self, self._cross = library.self_attention, library.cross_attention
         self._self.argtypes, self._self.restype = _SELF_ARGS, ctypes.c_int
         self._cross.argtypes, self._cross.restype = _CROSS_ARGS, ctypes.c_int
@@ -194,15 +208,51 @@ def _built(compiler_command: str, flags: tuple[str, ...], key: str) -> DecodeAtt
         shutil.rmtree(folder, ignore_errors=True)  # the loaded library stays mapped
 
 
+def installed_library() -> Path | None:
+    """The library the install built beside this file (a wheel's, or an editable install's in place);
+    None where there is none."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = Path(__file__).with_name(LIBRARY + suffix)
+        if path.is_file():
+            return path
+    return None
+
+
+def load_installed() -> DecodeAttention:
+    """The installed kernel, or NotInstalled saying why not: there is none, it does not load, or it was
+    built from another decode_attention.c than the one beside it (edited since the install)."""
+    path = installed_library()
+    if path is None:
+        raise NotInstalled(f"no {LIBRARY} library beside {Path(__file__).name}: installed without a C compiler, "
+                           f"or run from a source tree that was not installed")
+    try:
+        library = ctypes.CDLL(str(path))
+        digest = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(library, "source_digest"))).decode()
+    except (OSError, ValueError) as error:
+        raise NotInstalled(f"{path.name} did not load: {error}") from error
+    if SOURCE.is_file() and digest != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
+        raise NotInstalled(f"{path.name} was built from another {SOURCE.name} (edited since the install: "
+                           f"`pip install -e .` rebuilds it)")
+    return DecodeAttention(library, FLAGS, "installed")
+
+
 @functools.cache
 def kernel() -> DecodeAttention | None:
-    """The kernel, compiled on first use in this process (well under a second); None where it cannot
-    be built, with one warning naming why and the fallback (BILD_ATTENTION_KERNEL=0 skips it)."""
+    """The kernel: the installed one, else compiled on first use in this process (well under a second),
+    with one warning saying why; None where neither is had, the warning naming why and the fallback
+    (BILD_ATTENTION_KERNEL=0 skips it)."""
     if os.environ.get("BILD_ATTENTION_KERNEL", "1") == "0":
         log.info("BILD_ATTENTION_KERNEL=0: %s", FALLBACK)
         return None
     try:
-        return build()
+        return load_installed()
+    except NotInstalled as why:
+        not_installed = str(why)
+    try:
+        built = build()
     except BuildError as error:
-        log.warning("the decode-attention kernel did not build (%s): %s", error, FALLBACK)
+        log.warning("the decode-attention kernel is not installed (%s) and did not build (%s): %s",
+                    not_installed, error, FALLBACK)
         return None
+    log.warning("the decode-attention kernel is not installed (%s): built at run time", not_installed)
+    return built
