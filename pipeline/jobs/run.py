@@ -43,7 +43,7 @@ from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
 from pipeline.jobs.todo import Todo, first_ids, input_fragments, plan_todo
 from pipeline.stage.in_flight import in_flight_registry
-from pipeline.stage import DecodeStage, DecodeStageSpec
+from pipeline.stage import DecodeStage, DecodeStageSpec, PairedBaseline
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,10 @@ Points = tuple[tuple[str, DecodingConfig], ...]
 def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in_flight: str) -> DecodeStageSpec:
     """The actors' spec; a job with report.baseline also decodes its first baseline_records records
     with that method (never a sweep: its grid holds `large` and `small` already); `first`: their ids."""
-    baseline = None if sweep or job.report.baseline is None else (
-        dataclasses.replace(job.decoding.to_config(), method=job.report.baseline))
+    baseline = None if sweep or job.report.baseline is None else PairedBaseline(
+        config=dataclasses.replace(job.decoding.to_config(), method=job.report.baseline),
+        models=dataclasses.replace(job.models.to_spec(), engine=job.report.baseline_engine or job.models.engine),
+        ids=frozenset(first.to_pylist()))
     return DecodeStageSpec(
         models=job.models.to_spec(),
         points=points,
@@ -137,8 +139,6 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in
         sweep=sweep,
         batch=job.compute.batch_policy(),
         baseline=baseline,
-        baseline_ids=frozenset(first.to_pylist()) if baseline else frozenset(),
-        baseline_engine=job.report.baseline_engine if baseline else None,
         task=job.task,
         in_flight_registry=in_flight,
         segment=job.input.segment,

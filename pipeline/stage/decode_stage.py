@@ -7,7 +7,6 @@ callable class Ray Data instantiates once per actor and calls with batches of re
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import time
@@ -34,6 +33,16 @@ DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Documen
 
 
 @dataclass(frozen=True)
+class PairedBaseline:
+    """report.baseline: a second method that decodes the job's first records beside the job's own, on the same
+    actor and in the same calls (the rows' baseline_* columns)."""
+
+    config: DecodingConfig
+    models: ModelSpec  # the job's models on report.baseline_engine (default: models.engine)
+    ids: frozenset[str]  # the records it also decodes
+
+
+@dataclass(frozen=True)
 class DecodeStageSpec:
     """Everything an actor needs, as plain data (it is shipped to every actor).
 
@@ -50,9 +59,7 @@ class DecodeStageSpec:
     torch_threads: int = 1
     sweep: bool = False  # adds the `point` column
     batch: BatchPolicy = BatchPolicy(batch_size=1)  # compute's batching keys; > 1: a call's records decoded together
-    baseline: DecodingConfig | None = None  # report.baseline: a second method for the paired records
-    baseline_ids: frozenset[str] = frozenset()  # the records it also decodes
-    baseline_engine: str | None = None  # report.baseline_engine where it differs from models.engine
+    baseline: PairedBaseline | None = None
     task: str = "translation"  # which quality statistics each row with a reference carries
     in_flight_registry: str | None = None  # the run's InFlightRecords actor (pipeline/stage/in_flight.py)
     segment: str = "none"  # input.segment: "sentence" decodes each record's sentences as units (io/segments.py)
@@ -82,8 +89,7 @@ class DecodeStage:
         self.done_points = {key: set(points) for key, points in (done_points or {}).items()}
         self._pairs: dict[str, ModelPair] = {}  # one loaded pair per pair engine the passes ask for
         self.generators = [(name, self._decoder(spec.models, config)) for name, config in spec.points]
-        baseline_models = dataclasses.replace(spec.models, engine=spec.baseline_engine or spec.models.engine)
-        self.passes = self.generators + ([(BASELINE, self._decoder(baseline_models, spec.baseline))]
+        self.passes = self.generators + ([(BASELINE, self._decoder(spec.baseline.models, spec.baseline.config))]
                                          if spec.baseline else [])
         # The passes take turns in balanced orders, record by record (or call by call, where a call's records
         # are decoded together): a pass that always ran first (or after the same other pass) would meet the
@@ -129,7 +135,7 @@ class DecodeStage:
         registered as alone in flight, and gives the records that killed an actor alone an error row."""
         todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())
                        and row["id"] not in killers] for name, _ in self.generators}
-        todo[BASELINE] = [i for i, row in enumerate(records) if row["id"] in self.spec.baseline_ids
+        todo[BASELINE] = [i for i, row in enumerate(records) if self.spec.baseline and row["id"] in self.spec.baseline.ids
                           and row["id"] not in killers]
         results: dict[tuple[int, str], GenerationResult] = {
             (i, name): GenerationResult(prediction=None, error=crash_error(killers[row["id"]]), method=config.method)

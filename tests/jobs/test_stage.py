@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.decoding import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.jobs.schema import ComputeSection
-from pipeline.stage import DecodeStage, DecodeStageSpec
+from pipeline.stage import DecodeStage, DecodeStageSpec, PairedBaseline
 from support.pairs import TEXTS
 
 MAX_NEW = 24
@@ -55,7 +55,8 @@ def test_a_baseline_on_another_engine_runs_on_that_engine(saved_tiny_pair):
     large_config = DecodingConfig(method="large", max_new_tokens=MAX_NEW)
     spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu", engine="native"),
                            points=(("large", large_config),), prompt=None, job_name="t", config_hash="h",
-                           baseline=large_config, baseline_ids=frozenset(["a", "b"]), baseline_engine="hf")
+                           baseline=PairedBaseline(large_config, ModelSpec(small, large, device="cpu", engine="hf"),
+                                                   frozenset(["a", "b"])))
     stage = DecodeStage(spec)
     rows = stage(records).to_pylist()
     assert [row["engine"] for row in rows] == ["native"] * 2 and [row["baseline_engine"] for row in rows] == ["hf"] * 2
@@ -70,8 +71,9 @@ def test_record_by_record_the_passes_take_turns_going_first(saved_tiny_pair):
     records = pa.table({"id": ["a", "b", "c"], "text": INPUTS[:3], "reference": ["x"] * 3, "input_error": [None] * 3})
     bild = DecodingConfig(method="bild", max_new_tokens=MAX_NEW, fallback_threshold=0.5, adaptive_draft=False)
     spec = DecodeStageSpec(models=ModelSpec(small, large, device="cpu"), points=(("bild", bild),), prompt=None,
-                           job_name="t", config_hash="h", baseline=DecodingConfig(method="large", max_new_tokens=MAX_NEW),
-                           baseline_ids=frozenset(["a", "b", "c"]))
+                           job_name="t", config_hash="h",
+                           baseline=PairedBaseline(DecodingConfig(method="large", max_new_tokens=MAX_NEW),
+                                                   ModelSpec(small, large, device="cpu"), frozenset(["a", "b", "c"])))
     stage = DecodeStage(spec)
     ran = []
     for name, generator in stage.passes:
