@@ -65,6 +65,12 @@ OUTPUT_SCHEMA = pa.schema(
         # 0. A resume reads these two columns, not the ids, to know what is done.
         ("input_file", pa.string()),
         ("input_row", pa.int64()),
+        # input.language_check (io/language.py): the language the record's text was detected in (ISO 639-1) and
+        # how sure the detector was (its probability); null where the check was off. `skipped`: "language" where
+        # input.language_check skip returned the record untranslated (its prediction is its text), else null.
+        ("detected_language", pa.string()),
+        ("language_confidence", pa.float64()),
+        ("skipped", pa.string()),
     ]
 )
 SWEEP_SCHEMA = OUTPUT_SCHEMA.append(pa.field("point", pa.string()))  # sweeps: which grid point

@@ -182,15 +182,19 @@ def check_resume(previous: dict | None, current: dict, output_path: str, job=Non
 # --- the settings that decide a row, hashed ---------------------------------------------------------------------
 
 # Settings a row's tokens do not depend on: how much is decoded, where things are kept, credentials.
-_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records"}
+_NOT_DECISIVE = {"input.limit", "input.storage_options", "models.ct2_cache", "report.baseline_records",
+                 "input.target_language"}  # the last: what the report counts, never a row
 _DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
 
 
 def _decides_nothing(name: str, resolved: dict) -> bool:
     """Keys added after runs were recorded, left out where they change no row (so those runs resume and keep
-    their config_hash): input.segment none, and input.language, which only the sentence splitter reads."""
+    their config_hash): input.segment none, input.language_check off, and input.language, which only the
+    sentence splitter and the language check read."""
     segmented = resolved["input"].get("segment") == "sentence"
-    return name in ("input.segment", "input.language") and not segmented
+    checked = resolved["input"].get("language_check", "off") != "off"
+    return {"input.segment": not segmented, "input.language_check": not checked,
+            "input.language": not (segmented or checked)}.get(name, False)
 
 
 def decisive_settings(job) -> dict[str, Any]:

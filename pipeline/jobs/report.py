@@ -25,6 +25,7 @@ import pyarrow.dataset as pads
 from pipeline.decoding.config import DRAFTING_METHODS
 from pipeline.decoding.stats import DecodeStats
 from pipeline.io.schema import NUMERIC_COLUMNS
+from pipeline.jobs.report_language import language_rows
 from pipeline.jobs.report_markdown import render_markdown, render_paired, result_line  # noqa: F401 - their home
 from pipeline.jobs.run_rows import BATCH_ROWS, RunRows, read_run
 from pipeline.metrics import quality as q
@@ -325,6 +326,9 @@ def build_report(run_path: str, *, baseline: str | None = None, task: str | None
     flags = row_flags(rows, totals)
     if flags:
         summary["flags"], summary["flagged_rows"] = flags
+    languages = language_rows(rows, job)
+    if languages:
+        summary["languages"] = languages
     scores, scored = run_quality(rows, task)
     summary["quality"] = {"rows_scored": scored, "rows_without_reference": summary["records"]["total"]
                           - summary["records"]["with_reference"], **scores}

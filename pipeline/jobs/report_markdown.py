@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.jobs.report_language import render_languages
+
 # One line for each row of the throughput table (report.md lists those its run has under the table).
 THROUGHPUT_DEFINITIONS = {
     "wall_seconds": "the run's end-to-end time, summed over its attempts: from the job's start (Ray, reading the "
@@ -69,6 +71,8 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
         lines += [f"| {key} | {fmt(value, 3)} |" for key, value in summary["bild"].items()]
     if "flags" in summary:
         lines += ["", render_flags(summary["flags"], summary.get("flagged_rows") or {})]
+    if "languages" in summary:
+        lines += ["", render_languages(summary["languages"])]
     if "paired_baseline" in summary:
         lines += ["", render_paired(summary["paired_baseline"], summary.get("method"))]
     if "baseline" in summary:

@@ -43,6 +43,7 @@ from pipeline.jobs.run_summary import RunSummary, summarize
 from pipeline.jobs.schema import JobConfig
 from pipeline.jobs.todo import Todo, first_ids, input_fragments, plan_todo
 from pipeline.stage.in_flight import in_flight_registry
+from pipeline.io.language import LanguageCheck
 from pipeline.stage import DecodeStage, DecodeStageSpec, PairedBaseline
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in
         in_flight_registry=in_flight,
         segment=job.input.segment,
         language=job.input.language,
+        language_check=None if job.input.language_check == "off" else LanguageCheck(
+            job.input.language_check, job.input.language, job.input.target_language),
     )
 
 

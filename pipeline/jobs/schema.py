@@ -12,6 +12,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 
 from pipeline.decoding import rules
 from pipeline.decoding.config import ENGINES, METHODS, BatchPolicy, DecodingConfig, ModelSpec, TokenBudget
+from pipeline.io.language import LANGUAGE_CHECKS
 from pipeline.io.segments import SEGMENTS
 from pipeline.jobs import fingerprint
 from pipeline.jobs.sections import Section as _Section, settings_section
@@ -34,7 +35,30 @@ class InputSection(_Section):
     language: str = Field(
         default="en", pattern=r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]+)*$",
         description="The input texts' language code (ISO 639, e.g. de): the sentence splitter's abbreviation "
-                    "rules for input.segment: sentence.")
+                    "rules for input.segment: sentence, and what input.language_check expects.")
+    language_check: Literal[LANGUAGE_CHECKS] = Field(
+        default="off",
+        description="flag: each record's language is detected (the detected_language and language_confidence "
+                    "columns) and the report counts and lists the records confidently in another language than "
+                    "input.language; skip: those records are not decoded, their row holds their text untranslated "
+                    "with skipped: language (not an error) (docs/jobs.md).")
+    target_language: str | None = Field(
+        default=None, pattern=r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]+)*$",
+        description="With input.language_check: the language the job writes; the report counts the records "
+                    "already in it.")
+
+    @field_validator("language_check", mode="before")
+    @classmethod
+    def _off_as_yaml_writes_it(cls, value):
+        """YAML reads a bare `off` as false: the job file's `language_check: off` is meant."""
+        return "off" if value is False else value
+
+    @model_validator(mode="after")
+    def _check_compares_codes(self):
+        problem = rules.language_check_problem(self.language_check, self.language)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class ModelsSection(settings_section(ModelSpec, "ModelsSection")):

@@ -19,6 +19,7 @@ import pyarrow as pa
 from pipeline.decoding.config import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.decoding.stats import GenerationResult
 from pipeline.stage.in_flight import CallGuard, crash_error, kill_if_chosen
+from pipeline.io.language import SKIPPED, LanguageCheck, detect
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.io.segments import Unit, decode_records, documents_of, unit_key
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
 DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document, beside its text
+LANGUAGE = "_language"  # input.language_check: a record's io.language.Detected, beside its text
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class DecodeStageSpec:
     in_flight_registry: str | None = None  # the run's InFlightRecords actor (pipeline/stage/in_flight.py)
     segment: str = "none"  # input.segment: "sentence" decodes each record's sentences as units (io/segments.py)
     language: str = "en"  # input.language: the sentence splitter's rules
+    language_check: LanguageCheck | None = None  # input.language_check flag or skip (io/language.py)
 
 
 def _segments(row: dict) -> int:
@@ -71,6 +74,13 @@ def _segments(row: dict) -> int:
     if DOCUMENT not in row:
         return 1
     return len(row[DOCUMENT].sentences) if row[DOCUMENT] else 0
+
+
+def _language_columns(detected, skipped: bool) -> dict:
+    """A row's detected_language, language_confidence and skipped columns."""
+    return {"detected_language": detected.language if detected else None,
+            "language_confidence": detected.confidence if detected else None,
+            "skipped": SKIPPED if skipped else None}
 
 
 def record_seed(base_seed: int, record_id: str) -> int:
@@ -123,6 +133,10 @@ class DecodeStage:
         if self.spec.segment == "sentence":  # split once, for every pass: the stage's own key, never written
             for row, document in zip(records, documents_of(records, self.spec.language)):
                 row[DOCUMENT] = document
+        if self.spec.language_check is not None:  # detected once, for every pass (another key of the stage's)
+            for row in records:
+                if not row.get("input_error") and isinstance(row["text"], str) and row["text"].strip():
+                    row[LANGUAGE] = detect(row["text"])
         ids = [row["id"] for row in records]
         killers, retried = self.guard.begin(ids)  # a retry after a crash decodes record by record
         try:
@@ -133,14 +147,21 @@ class DecodeStage:
     def _decode_call(self, records: list[dict], killers: dict[str, str], retried: bool) -> pa.Table:
         """The call's output rows; a call retried after its actor died decodes record by record, each
         registered as alone in flight, and gives the records that killed an actor alone an error row."""
+        check = self.spec.language_check
+        skipped = {i for i, row in enumerate(records) if LANGUAGE in row and check.skips(row[LANGUAGE])}
         todo = {name: [i for i, row in enumerate(records) if name not in self.done_points.get(row["id"], ())
-                       and row["id"] not in killers] for name, _ in self.generators}
+                       and row["id"] not in killers and i not in skipped] for name, _ in self.generators}
         todo[BASELINE] = [i for i, row in enumerate(records) if self.spec.baseline and row["id"] in self.spec.baseline.ids
-                          and row["id"] not in killers]
+                          and row["id"] not in killers and i not in skipped]
         results: dict[tuple[int, str], GenerationResult] = {
             (i, name): GenerationResult(prediction=None, error=crash_error(killers[row["id"]]), method=config.method)
             for i, row in enumerate(records) if row["id"] in killers for name, config in self.spec.points
             if name not in self.done_points.get(row["id"], ())}
+        results.update({  # in another language: returned as it is, untranslated, not an error
+            (i, name): GenerationResult(prediction=records[i]["text"], error=None, method=config.method,
+                                        latency_ms=None)
+            for i in skipped for name, config in self.spec.points
+            if name not in self.done_points.get(records[i]["id"], ())})
         call, seconds = {"call_started_at": time.time()}, dict.fromkeys(todo, 0.0)
         first_order, self.calls_seen = self.calls_seen, self.calls_seen + 1
         if retried or self.batch_policy.batch_size == 1:  # record by record: a record's points side by side
@@ -169,7 +190,7 @@ class DecodeStage:
         """Each decoded row with a reference gets its quality statistics (a fraction of a millisecond
         beside its decoding), so that no report has to count them again."""
         scored = [row for row in rows if row["error"] is None and row["prediction"] is not None
-                  and row["reference"] is not None]
+                  and row["reference"] is not None and row["skipped"] is None]
         if scored:
             stats = q.row_statistics(self.spec.task, [row["prediction"] for row in scored],
                                      [row["reference"] for row in scored])
@@ -211,6 +232,7 @@ class DecodeStage:
             "attention": ran.attention,
             "int8_scheme": ran.int8_scheme,
             **call,
+            **_language_columns(row.get(LANGUAGE), LANGUAGE in row and self.spec.language_check.skips(row[LANGUAGE])),
         }
         if baseline is not None:
             out.update(baseline_method=baseline.method, baseline_engine=self.passes[-1][1].ran().engine,
