@@ -167,3 +167,9 @@ class BatchRequest:
 
     input_ids: torch.Tensor  # [S]
     seed: int = 0
+    max_new_tokens: int | None = None  # a smaller budget of its own (an inline element's text: io/markup.py)
+
+    def budget(self, config: DecodingConfig) -> int:
+        """The most tokens it may generate: the config's budget of its input, or its own where smaller."""
+        budget = config.budget(len(self.input_ids))
+        return budget if self.max_new_tokens is None else max(1, min(budget, self.max_new_tokens))

@@ -58,7 +58,7 @@ class CT2Decoder:
         for start in range(0, len(order), size):
             group = order[start:start + size]
             started = time.perf_counter()
-            decoded = self.model.generate([inputs[i] for i in group], self.config.budget(max(len(inputs[i]) for i in group)),
+            decoded = self.model.generate([inputs[i] for i in group], max(requests[i].budget(self.config) for i in group),
                                           max_batch_size=len(group))
             seconds = time.perf_counter() - started
             for i, tokens in zip(group, decoded):

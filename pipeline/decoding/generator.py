@@ -63,8 +63,9 @@ class Generator:
         """Token ids [1, S] for one input, truncated to max_input_tokens, and whether it was cut."""
         return encode_text(self.tokenizer, text, self.config.max_input_tokens)
 
-    def generate_one(self, text: object, seed: int | None = None) -> GenerationResult:
-        """Decode one text; any failure becomes the result's ``error``, never an exception."""
+    def generate_one(self, text: object, seed: int | None = None, budget: int | None = None) -> GenerationResult:
+        """Decode one text (``budget``: a smaller max_new_tokens of its own); any failure becomes the result's
+        ``error``, never an exception."""
         method = self.config.method
         try:
             input_ids, truncated = self.encode(text)
@@ -72,7 +73,7 @@ class Generator:
             return GenerationResult(prediction=None, error=str(exc), method=method)
         try:
             started = time.perf_counter()
-            output = self.decode_ids(input_ids, seed)
+            output = self.decode_ids(input_ids, seed, budget)
             latency_ms = (time.perf_counter() - started) * 1000.0
         except Exception as exc:  # noqa: BLE001 - a record's failure must not stop the job
             return GenerationResult(
@@ -83,11 +84,11 @@ class Generator:
                 truncated=truncated,
                 unknown_tokens=unknown_token_count(input_ids[0].tolist(), self.tokenizer),
             )
-        return self._decoded(output, input_ids, truncated, latency_ms)
+        return self._decoded(output, BatchRequest(input_ids[0], max_new_tokens=budget), truncated, latency_ms)
 
-    def _decoded(self, output: DecodeOutput, input_ids: torch.Tensor, truncated: bool, latency_ms: float):
+    def _decoded(self, output: DecodeOutput, request: BatchRequest, truncated: bool, latency_ms: float):
         """The result of a record that decoded."""
-        tokenizer = self.tokenizer
+        tokenizer, input_ids = self.tokenizer, request.input_ids[None, :]
         prediction = tokenizer.decode(output.tokens, skip_special_tokens=True)
         return GenerationResult(
             prediction=prediction,
@@ -98,26 +99,30 @@ class Generator:
             latency_ms=latency_ms,
             stats=output.stats,
             token_ids=output.tokens,
-            **output_flags(output.tokens, prediction, max_new_tokens=self.config.budget(input_ids.shape[1]),
+            **output_flags(output.tokens, prediction, max_new_tokens=request.budget(self.config),
                            eos_ids=self.eos_token_ids, tokenizer=tokenizer),
             unknown_tokens=unknown_token_count(input_ids[0].tolist(), tokenizer),
         )
 
     def generate(
-        self, texts: Sequence[object], seeds: Sequence[int] | None = None, batch: BatchPolicy | None = None
+        self, texts: Sequence[object], seeds: Sequence[int] | None = None, batch: BatchPolicy | None = None,
+        budgets: Sequence[int | None] | None = None,
     ) -> list[GenerationResult]:
-        """Decode each text; with seeds=None every record uses config.seed.
+        """Decode each text; with seeds=None every record uses config.seed; ``budgets``: a text's own smaller
+        max_new_tokens, or None (the config's).
 
         With a ``batch`` policy of batch_size > 1 the records are decoded together (batch.py):
         each record's tokens and statistics are the same as alone; its latency is its time in
         the batch.
         """
         seeds = list(seeds) if seeds is not None else [self.config.seed] * len(texts)
+        budgets = list(budgets) if budgets is not None else [None] * len(texts)
         if batch is None or batch.batch_size == 1 or len(texts) <= 1:
-            return [self.generate_one(text, seed) for text, seed in zip(texts, seeds)]
-        return self._generate_batch(texts, seeds, batch)
+            return [self.generate_one(text, seed, budget) for text, seed, budget in zip(texts, seeds, budgets)]
+        return self._generate_batch(texts, seeds, batch, budgets)
 
-    def _generate_batch(self, texts: Sequence[object], seeds: list[int], batch: BatchPolicy) -> list[GenerationResult]:
+    def _generate_batch(self, texts: Sequence[object], seeds: list[int], batch: BatchPolicy,
+                        budgets: list[int | None]) -> list[GenerationResult]:
         method = self.config.method
         results: list[GenerationResult | None] = [None] * len(texts)
         encoded = {}
@@ -127,23 +132,22 @@ class Generator:
             except InputError as exc:
                 results[i] = GenerationResult(prediction=None, error=str(exc), method=method)
         order = list(encoded)
-        requests = [BatchRequest(encoded[i][0][0], seeds[i]) for i in order]
+        requests = {i: BatchRequest(encoded[i][0][0], seeds[i], budgets[i]) for i in order}
         try:
-            outputs = self.decoder.decode_requests(requests, batch)
+            outputs = self.decoder.decode_requests(list(requests.values()), batch)
         except Exception:  # noqa: BLE001 - find the record at fault: each one alone gets its own error
             for i in order:
-                results[i] = self.generate_one(texts[i], seeds[i])
+                results[i] = self.generate_one(texts[i], seeds[i], budgets[i])
             return results
         for i, output in zip(order, outputs):
-            input_ids, truncated = encoded[i]
-            results[i] = self._decoded(output, input_ids, truncated, output.seconds * 1000.0)
+            results[i] = self._decoded(output, requests[i], encoded[i][1], output.seconds * 1000.0)
         return results
 
     def calibrate(self, batch: BatchPolicy) -> None:
         """What the Decoder measures before the first record (a drafting method's window chooser)."""
         self.decoder.calibrate(batch)
 
-    def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None) -> DecodeOutput:
+    def decode_ids(self, input_ids: torch.Tensor, seed: int | None = None, budget: int | None = None) -> DecodeOutput:
         """Run the configured method on token ids [1, S] (encoders included): one request."""
         seed = self.config.seed if seed is None else seed
-        return self.decoder.decode_requests([BatchRequest(input_ids[0], seed)], ONE_AT_A_TIME)[0]
+        return self.decoder.decode_requests([BatchRequest(input_ids[0], seed, budget)], ONE_AT_A_TIME)[0]

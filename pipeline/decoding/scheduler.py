@@ -113,7 +113,7 @@ class Scheduler:
         # Shortest inputs first: newcomers admitted together are padded to the longest of them (as
         # CTranslate2 sorts a batch by length). Each row's tokens never depend on its neighbours.
         queue = deque(sorted(range(len(requests)), key=lambda index: len(requests[index].input_ids)))
-        buffer_length = max(len(self.prefix_for(r.input_ids)) + self.config.budget(len(r.input_ids))
+        buffer_length = max(len(self.prefix_for(r.input_ids)) + r.budget(self.config)
                             for r in requests) + 1
         self.sequence = torch.zeros((self.policy.batch_size, buffer_length), dtype=torch.long)
         self.requests = requests
@@ -154,7 +154,7 @@ class Scheduler:
         sampler = RowSampler.seeded([requests[index].seed], device=self.device) if self.config.do_sample else None
         return _Row(request=index, slot=slot, start=len(prefix), length=len(prefix),
                     joined=time.perf_counter(), sampler=sampler,
-                    budget=self.config.budget(len(requests[index].input_ids)))
+                    budget=requests[index].budget(self.config))
 
     def _admit(self, rows: list[_Row], requests: Sequence[BatchRequest]) -> None:
         """Newcomers take their slots; encoder-decoder engines run the encoder once for all of them

@@ -83,6 +83,7 @@ class Unit:
     record: int  # its record's place among those decoded together
     index: int  # its place in its record (0 for a text decoded whole)
     text: str
+    budget: int | None = None  # a smaller max_new_tokens of its own (an inline element's text, io/markup.py)
 
 
 def decode_records(decode, items: Sequence[Document | str | None], method: str) -> list:
@@ -90,13 +91,23 @@ def decode_records(decode, items: Sequence[Document | str | None], method: str) 
     Document's sentences (its result joined from theirs: join_results), a str as one unit (its result
     as is). A None item (a record that failed to read) is not decoded: its result is None, for the
     caller to fill. The stage and `generate` both decode records this way."""
-    units = [Unit(i, k, text) for i, item in enumerate(items) if item is not None
-             for k, text in enumerate(item.sentences if isinstance(item, Document) else [item])]
+    units = [Unit(i, k, text, _budget(item, k)) for i, item in enumerate(items) if item is not None
+             for k, text in enumerate(item.sentences if _units_of(item) else [item])]
     decoded: dict[int, list] = {i: [] for i, item in enumerate(items) if item is not None}
     for unit, result in zip(units, decode(units), strict=True):
         decoded[unit.record].append(result)
-    return [None if item is None else join_results(item, decoded[i], method) if isinstance(item, Document)
+    return [None if item is None else join_results(item, decoded[i], method) if _units_of(item)
             else decoded[i][0] for i, item in enumerate(items)]
+
+
+def _budget(item, index: int) -> int | None:
+    budgets = getattr(item, "budgets", None)
+    return budgets[index] if budgets else None
+
+
+def _units_of(item) -> bool:
+    """Whether an item is decoded as units (a Document, or io/markup.MarkedPage: ``sentences`` and ``join``)."""
+    return not isinstance(item, str) and hasattr(item, "sentences")
 
 
 def join_results(document: Document, results: Sequence, method: str):
@@ -117,8 +128,11 @@ def join_results(document: Document, results: Sequence, method: str):
                                 method=method, input_tokens=sum(result.input_tokens for result in results),
                                 truncated=any(result.truncated for result in results))
     combined = {}
+    written = [not auxiliary for auxiliary in getattr(document, "auxiliary", ())] or [True] * len(results)
     for spec in fields(GenerationResult):
         parts = [getattr(result, spec.name) for result in results]
+        if spec.name in ("stopped_by_budget", "repetition", "unknown_tokens"):  # of what the output holds
+            parts = [part for part, kept in zip(parts, written) if kept]
         if spec.name == "prediction":
             combined[spec.name] = document.join(parts)
         elif spec.name == "error":

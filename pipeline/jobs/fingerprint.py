@@ -190,10 +190,11 @@ _DECISIVE_SECTIONS = ("task", "prompt", "input", "models", "decoding", "report")
 def _decides_nothing(name: str, resolved: dict) -> bool:
     """Keys added after runs were recorded, left out where they change no row (so those runs resume and keep
     their config_hash): input.segment none, input.language_check off, and input.language, which only the
-    sentence splitter and the language check read."""
+    sentence splitter and the language check read; input.markup none."""
     segmented = resolved["input"].get("segment") == "sentence"
     checked = resolved["input"].get("language_check", "off") != "off"
     return {"input.segment": not segmented, "input.language_check": not checked,
+            "input.markup": resolved["input"].get("markup", "none") == "none",
             "input.language": not (segmented or checked)}.get(name, False)
 
 

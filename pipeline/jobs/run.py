@@ -143,6 +143,7 @@ def _stage_spec(job: JobConfig, points: Points, sweep: bool, first: pa.Array, in
         task=job.task,
         in_flight_registry=in_flight,
         segment=job.input.segment,
+        markup=job.input.markup,
         language=job.input.language,
         language_check=None if job.input.language_check == "off" else LanguageCheck(
             job.input.language_check, job.input.language, job.input.target_language),

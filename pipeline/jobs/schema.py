@@ -13,6 +13,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from pipeline.decoding import rules
 from pipeline.decoding.config import ENGINES, METHODS, BatchPolicy, DecodingConfig, ModelSpec, TokenBudget
 from pipeline.io.language import LANGUAGE_CHECKS
+from pipeline.io.markup import MARKUPS
 from pipeline.io.segments import SEGMENTS
 from pipeline.jobs import fingerprint
 from pipeline.jobs.sections import Section as _Section, settings_section
@@ -36,6 +37,12 @@ class InputSection(_Section):
         default="en", pattern=r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]+)*$",
         description="The input texts' language code (ISO 639, e.g. de): the sentence splitter's abbreviation "
                     "rules for input.segment: sentence, and what input.language_check expects.")
+    markup: Literal[MARKUPS] = Field(
+        default="none",
+        description="html or xml: each record is a page; its tags, attributes, entities, comments, scripts, styles, "
+                    "code and translate=\"no\" elements are kept byte for byte, its text is translated (by "
+                    "input.segment inside each block of text) and inline tags are put back around the words they "
+                    "covered; a page that does not parse gets an error naming the line and column (docs/jobs.md).")
     language_check: Literal[LANGUAGE_CHECKS] = Field(
         default="off",
         description="flag: each record's language is detected (the detected_language and language_confidence "

@@ -20,6 +20,7 @@ from pipeline.decoding.config import BatchPolicy, DecodingConfig, ModelSpec
 from pipeline.decoding.stats import GenerationResult
 from pipeline.stage.in_flight import CallGuard, crash_error, kill_if_chosen
 from pipeline.io.language import SKIPPED, LanguageCheck, detect
+from pipeline.io.markup import MarkupError, parse_page
 from pipeline.io.records import apply_prompt
 from pipeline.io.schema import OUTPUT_SCHEMA, SWEEP_SCHEMA
 from pipeline.io.segments import Unit, decode_records, documents_of, unit_key
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from pipeline.decoding import Generator, ModelPair
 
 BASELINE = "baseline"  # the pass that decodes a job's paired records with report.baseline
-DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document, beside its text
+DOCUMENT = "_document"  # input.segment sentence: a record's io.segments.Document (input.markup: its MarkedPage)
 LANGUAGE = "_language"  # input.language_check: a record's io.language.Detected, beside its text
 
 
@@ -65,6 +66,7 @@ class DecodeStageSpec:
     task: str = "translation"  # which quality statistics each row with a reference carries
     in_flight_registry: str | None = None  # the run's InFlightRecords actor (pipeline/stage/in_flight.py)
     segment: str = "none"  # input.segment: "sentence" decodes each record's sentences as units (io/segments.py)
+    markup: str = "none"  # input.markup: html or xml pages, their text decoded and their markup kept (io/markup.py)
     language: str = "en"  # input.language: the sentence splitter's rules
     language_check: LanguageCheck | None = None  # input.language_check flag or skip (io/language.py)
 
@@ -74,6 +76,16 @@ def _segments(row: dict) -> int:
     if DOCUMENT not in row:
         return 1
     return len(row[DOCUMENT].sentences) if row[DOCUMENT] else 0
+
+
+def _read_page(row: dict, markup: str, language: str, segment: str) -> None:
+    """A record's page as its MarkedPage beside its text; markup that does not parse is the record's input error."""
+    if row.get("input_error") or not isinstance(row.get("text"), str):
+        return
+    try:
+        row[DOCUMENT] = parse_page(row["text"], markup, language, segment)
+    except MarkupError as error:
+        row["input_error"] = f"input.markup {markup}: {error}"
 
 
 def _language_columns(detected, skipped: bool) -> dict:
@@ -130,13 +142,17 @@ class DecodeStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         records = batch.to_pylist()
-        if self.spec.segment == "sentence":  # split once, for every pass: the stage's own key, never written
+        if self.spec.markup != "none":  # read once, for every pass: the stage's own key, never written
+            for row in records:
+                _read_page(row, self.spec.markup, self.spec.language, self.spec.segment)
+        elif self.spec.segment == "sentence":  # split once, for every pass
             for row, document in zip(records, documents_of(records, self.spec.language)):
                 row[DOCUMENT] = document
         if self.spec.language_check is not None:  # detected once, for every pass (another key of the stage's)
             for row in records:
-                if not row.get("input_error") and isinstance(row["text"], str) and row["text"].strip():
-                    row[LANGUAGE] = detect(row["text"])
+                text = " ".join(row[DOCUMENT].sentences) if row.get(DOCUMENT) is not None else row["text"]
+                if not row.get("input_error") and isinstance(text, str) and text.strip():
+                    row[LANGUAGE] = detect(text)
         ids = [row["id"] for row in records]
         killers, retried = self.guard.begin(ids)  # a retry after a crash decodes record by record
         try:
@@ -207,7 +223,7 @@ class DecodeStage:
         def decode(units: list[Unit]) -> list[GenerationResult]:
             texts = [apply_prompt(self.spec.prompt, unit.text) for unit in units]
             seeds = [record_seed(config.seed, unit_key(records[unit.record]["id"], unit.index)) for unit in units]
-            return generator.generate(texts, seeds, batch=self.batch_policy)
+            return generator.generate(texts, seeds, batch=self.batch_policy, budgets=[unit.budget for unit in units])
 
         items = [None if row.get("input_error") else row["text"] if row.get(DOCUMENT) is None else row[DOCUMENT]
                  for row in records]
