@@ -22,7 +22,7 @@ PIPELINE_DIR = Path(__file__).resolve().parents[1]  # the `pipeline` package thi
 DEFAULT_EXCLUDES = [
     ".git/", ".venv/", "venv/", "__pycache__/", "*.pyc", "*.egg-info/", ".pytest_cache/", "build/", "dist/",
     "runs/", "/.gl/", ".ipynb_checkpoints/", "*.safetensors", "*.bin", "*.pt", "*.ckpt", "/docs/",
-    "/benchmarks/",  # measured tables and outputs: for readers, not for the workers
+    "/benchmarks/", "/tests/",  # measured tables and outputs, and the test suite: for readers, not for the workers
 ]
 
 

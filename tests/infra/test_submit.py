@@ -143,7 +143,7 @@ def test_default_working_dir_is_this_checkout_without_its_venv(tmp_path):
     package = stage_package(job, tmp_path / "staged")
     files = _files(package.directory)
     assert {"pipeline/cli/__init__.py", "pipeline/cluster/jobs_client.py", "pyproject.toml", "_bild_job/job.yaml"} <= files
-    assert not any(f.startswith((".venv/", ".git/", "runs/", "docs/", "benchmarks/")) or "__pycache__" in f for f in files)
+    assert not any(f.startswith((".venv/", ".git/", "runs/", "docs/", "benchmarks/", "tests/")) or "__pycache__" in f for f in files)
     assert package.size_bytes < 5 * 2**20
 
 
