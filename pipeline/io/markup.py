@@ -168,7 +168,7 @@ def parse_page(page: str, markup: str, language: str = "en", segment: str = "non
 
 def _blocks(events: list[Event], inline: set[int]) -> list[tuple[bool, int, int]]:
     """The page as runs of events: (a block, first, last) where a block is text with its inline tags."""
-    runs, first, kept_depth = [], 0, 0
+    runs, kept_depth = [], 0
     for i, event in enumerate(events):
         in_block = not kept_depth and (event.kind == "text" or i in inline)
         if kept_depth:
@@ -179,7 +179,6 @@ def _blocks(events: list[Event], inline: set[int]) -> list[tuple[bool, int, int]
             runs.append([in_block, i, i + 1])
         else:
             runs[-1][2] = i + 1
-    del first
     return [tuple(run) for run in runs]
 
 
@@ -207,7 +206,7 @@ def _plan(events: list[Event], markup: str, language: str, segment: str) -> _Blo
     text, spans, stack, entities, verbatim_in = "", [], [], {}, None
     for event in events:
         if verbatim_in is not None:  # inside a verbatim element: its source as it is
-            if event.kind == "end" and stack[-1] == verbatim_in and _depth_closes(spans[verbatim_in], event):
+            if event.kind == "end" and stack[-1] == verbatim_in and spans[verbatim_in].open_inside == 0:
                 spans[verbatim_in].end, spans[verbatim_in].close = len(text), event.raw
                 stack.pop()
                 verbatim_in = None
@@ -236,10 +235,6 @@ def _plan(events: list[Event], markup: str, language: str, segment: str) -> _Blo
     units = _units(text, spans, language, segment)
     decoded = [k for k, span in enumerate(spans) if not span.verbatim and has_word(text[span.start:span.end])]
     return _BlockPlan(events, text, spans, units, decoded, entities)
-
-
-def _depth_closes(span: Span, event: Event) -> bool:
-    return span.open_inside == 0
 
 
 def _units(text: str, spans: list[Span], language: str, segment: str) -> list[_Unit]:

@@ -72,7 +72,7 @@ def place_spans(source: str, target: str, spans: list[Span]) -> list[tuple[int, 
     exact: dict[int, tuple[int, int]] = {}  # a verbatim span found as it is: its character range
     for k, span in enumerate(spans):
         lo, hi = (0, len(words)) if span.parent is None else placed[span.parent]
-        siblings = [placed[j] for j in range(k) if spans[j].parent == span.parent and j != span.parent]
+        siblings = [placed[j] for j in range(k) if spans[j].parent == span.parent]
         if siblings:
             lo = max(lo, max(end for _, end in siblings))  # after the siblings placed so far: never crossing
         lo = min(lo, hi)
