@@ -6,6 +6,9 @@
         --set input.reference_column=en --set input.markup=none --set input.segment=none \
         --set output.path=runs/markup-plain
     python scripts/markup_check.py runs/markup runs/markup-plain
+    # Markdown: the same job with --set input.markup=markdown --set input.text_column=markdown
+    #   --set input.path=data/markup_sample/markdown.parquet --set output.path=runs/markup-md, then
+    python scripts/markup_check.py runs/markup-md runs/markup-plain markdown
 
 Per page: the multiset of its start tags (attributes as written), end tags, entities, comments and declarations
 in the input and the output; whether the output parses (io/markup.html_events); the paragraphs' text against
@@ -19,11 +22,13 @@ import json
 import sys
 from collections import Counter
 from html.parser import HTMLParser
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 import sacrebleu
 
 from pipeline.io.markup import MarkupError, html_events
+from pipeline.io.markup_events import markdown_events
 
 
 class _Inventory(HTMLParser):
@@ -79,8 +84,45 @@ def inventory(page: str) -> _Inventory:
     return parser
 
 
-def main(pages_run: str, plain_run: str) -> None:
-    pages = {row["id"]: row for row in pq.read_table("data/markup_sample/pages.parquet").to_pylist()}
+class _MarkdownInventory:
+    """The same of a Markdown page, from markdown-it-py's tokens: every token but text with its markup and
+    attributes; each paragraph's or list item's text and the text inside each of its emphases and links."""
+
+    def __init__(self, page: str):
+        from markdown_it import MarkdownIt
+
+        self.markup, self.paragraphs = Counter(), []
+        tokens = MarkdownIt("commonmark").parse(page)
+        inline_number = 0
+        for token in tokens:
+            self.markup[(token.type, token.markup, tuple(sorted(token.attrs.items())))] += 1
+            if token.type != "inline":
+                continue
+            inline_number += 1
+            in_paragraph = 3 <= inline_number <= 7  # after the heading and the quote: the five sentences
+            paragraph, open_keys = {"text": "", "inline": {}}, []
+            for child in token.children or []:
+                if child.type not in ("text", "softbreak"):
+                    self.markup[(child.type, child.markup, tuple(sorted(child.attrs.items())))] += 1
+                kind, _, side = child.type.rpartition("_")
+                key = (f"link:{unquote(child.attrs.get('href'))}" if child.type == "link_open"  # as the sample wrote it
+                       else f"{kind}:{child.markup}")
+                if side == "open":
+                    open_keys.append(key)
+                    paragraph["inline"].setdefault(key, "")
+                elif side == "close" and open_keys:
+                    open_keys.pop()
+                elif child.type in ("text", "code_inline"):
+                    paragraph["text"] += child.content
+                    for key in open_keys:
+                        paragraph["inline"][key] += child.content
+            if in_paragraph:
+                self.paragraphs.append(paragraph)
+
+
+def main(pages_run: str, plain_run: str, markup: str = "html") -> None:
+    sample, column = ("pages", "html") if markup == "html" else ("markdown", "markdown")
+    pages = {row["id"]: row for row in pq.read_table(f"data/markup_sample/{sample}.parquet").to_pylist()}
     out = {row["id"]: row for row in pq.read_table(f"{pages_run}/data").to_pylist()}
     plain = {row["id"]: row["prediction"] for row in pq.read_table(f"{plain_run}/data").to_pylist()}
     plain_ids = [row["id"] for row in pq.read_table("data/markup_sample/plain.parquet").to_pylist()]
@@ -89,10 +131,11 @@ def main(pages_run: str, plain_run: str) -> None:
     for k, (page_id, page) in enumerate(sorted(pages.items())):
         row = out[page_id]
         assert row["error"] is None, (page_id, row["error"])
-        source, target = inventory(page["html"]), inventory(row["prediction"])
+        read = inventory if markup == "html" else _MarkdownInventory
+        source, target = read(page[column]), read(row["prediction"])
         same_markup += source.markup == target.markup
         try:
-            html_events(row["prediction"])
+            (html_events if markup == "html" else markdown_events)(row["prediction"])
             parsed += 1
         except MarkupError:
             pass
@@ -125,4 +168,4 @@ def main(pages_run: str, plain_run: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -2,7 +2,9 @@
 sentence a paragraph, a noun of NOUNS in it wrapped in an inline tag, and around them what real pages hold
 (a title, a navigation bar marked notranslate, an image with alt text, entities, a comment, a script, a
 style, inline code). pages.parquet: id, html (the page), de (its sentences, one per line), en (their
-references); plain.parquet: the same sentences one per record, for the same job without markup.
+references); markdown.parquet: the same sentences as Markdown pages (id, markdown, de, en, tags: the noun in
+**, *, _, __ or a [link](...), a heading, a block quote, a list, an image, a code span and a fenced block);
+plain.parquet: the same sentences one per record, for the same job without markup.
 
     python scripts/markup_sample.py   # from the repository root; deterministic
 """
@@ -32,6 +34,8 @@ NOUNS = {
     "Stadt": ["city", "town"], "Sand": ["sand"], "Wand": ["wall"], "Tisch": ["table"], "Pferd": ["horse"],
     "Boot": ["boat"], "Fenster": ["window"], "Jacke": ["jacket"], "Mütze": ["hat", "cap"], "Brille": ["glasses"],
 }
+MARKDOWN_TAGS = [("**", "**", "strong:**"), ("*", "*", "em:*"), ("_", "_", "em:_"), ("__", "__", "strong:__"),
+                 ("[", "](/wiki/{slug})", "link:/wiki/{slug}")]
 TAGS = [("<b>", "</b>"), ("<i>", "</i>"), ('<a href="/wiki/{slug}" title="{word}">', "</a>"),
         ('<span class="term">', "</span>"), ("<em>", "</em>"), ("<strong>", "</strong>")]
 
@@ -49,6 +53,22 @@ def tagged(sentence: str, rng: random.Random) -> tuple[str, dict] | None:
             {"noun": word.group(), "tag": open_tag, "english": NOUNS[word.group()]})
 
 
+def markdown_tagged(sentence: str, noun: str, rng: random.Random) -> tuple[str, str]:
+    """The sentence as Markdown with its first ``noun`` emphasized or linked, and the element's key."""
+    at = next(m for m in re.finditer(r"\w+", sentence) if m.group() == noun)
+    before, after, key = rng.choice(MARKDOWN_TAGS)
+    slug = noun.lower()
+    return (sentence[: at.start()] + before + noun + after.format(slug=slug) + sentence[at.end():],
+            key.format(slug=slug))
+
+
+def markdown_page(number: int, sentences: list[str]) -> str:
+    items = "\n".join(f"- {sentence}" for sentence in sentences[2:])
+    return (f"# Bilder {number}\n\n> Seite {number} von [Bilder](/bilder \"Alle Bilder\")\n\n{sentences[0]}\n\n"
+            f"{sentences[1]}\n\n{items}\n\n![Foto {number}](/img/{number}.jpg)\n\nMehr unter `/bilder/{number}`.\n\n"
+            f"```js\nwindow.page = {number}; render(\"<p>*{number}*</p>\");\n```\n")
+
+
 def page(number: int, paragraphs: list[str]) -> str:
     body = "\n".join(f"    <p>{paragraph}</p>" for paragraph in paragraphs)
     return (f"<!DOCTYPE html>\n<html lang=\"de\">\n<head>\n  <meta charset=\"utf-8\">\n  <title>Bilder {number}</title>\n"
@@ -64,7 +84,8 @@ def page(number: int, paragraphs: list[str]) -> str:
 def main() -> None:
     table = pq.read_table(SOURCE).to_pylist()
     rng = random.Random(7)
-    rows, plain, chunk = [], [], []
+    rows, plain, chunk, markdown = [], [], [], []
+    markdown_rng = random.Random(8)  # its own: the HTML pages stay as they were built before the Markdown ones
     for record in table:
         made = tagged(record["de"], rng)
         if made is None:
@@ -76,9 +97,15 @@ def main() -> None:
                          "de": "\n".join(r["de"] for r, _, _ in chunk), "en": "\n".join(r["en"] for r, _, _ in chunk),
                          "tags": json.dumps([info for _, _, info in chunk], ensure_ascii=False)})
             plain += [{"id": r["id"], "de": r["de"], "en": r["en"]} for r, _, _ in chunk]
+            marked = [markdown_tagged(r["de"], info["noun"], markdown_rng) for r, _, info in chunk]
+            markdown.append({"id": f"page-{number:03d}", "markdown": markdown_page(number, [m for m, _ in marked]),
+                             "de": rows[-1]["de"], "en": rows[-1]["en"],
+                             "tags": json.dumps([{**info, "tag": key} for (_, _, info), (_, key) in zip(chunk, marked)],
+                                                ensure_ascii=False)})
             chunk = []
     pq.write_table(pa.Table.from_pylist(rows), f"{OUT}/pages.parquet")
     pq.write_table(pa.Table.from_pylist(plain), f"{OUT}/plain.parquet")
+    pq.write_table(pa.Table.from_pylist(markdown), f"{OUT}/markdown.parquet")
     print(f"{len(rows)} pages, {len(plain)} sentences with a tagged noun, written to {OUT}")
 
 

@@ -1,6 +1,8 @@
-"""Records with markup (``input.markup: html | xml``): the structure kept byte for byte, the text translated.
+"""Records with markup (``input.markup: html | xml | markdown``): the structure kept byte for byte, the text
+translated.
 
-A page is read by a real parser (the standard library's ``html.parser`` for HTML, expat for XML) into events,
+A page is read by a real parser (the standard library's ``html.parser`` for HTML, expat for XML, markdown-it-py
+for Markdown: markup_events.py) into events,
 each with the exact source text it covers, so the page is always the concatenation of its events. Text runs
 between block boundaries become *blocks*; the tags inside a block are *inline* (HTML's phrasing elements; in
 XML an element inside a run of text). What is never translated stays as it is: tags and their attributes
@@ -20,13 +22,14 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from pipeline.io.markup_events import VERBATIM_INLINE, Event, MarkupError, html_events, inline_tags, xml_events
+from pipeline.io.markup_events import (VERBATIM_INLINE, Event, MarkupError, html_events, inline_tags,
+                                      markdown_events, xml_events)
 from pipeline.io.markup_place import Span, place_spans
 from pipeline.io.segments import has_word, split_sentences
 
 __all__ = ["MARKUPS", "MarkedPage", "MarkupError", "html_events", "parse_page", "xml_events"]
 
-MARKUPS: tuple[str, ...] = ("none", "html", "xml")  # input.markup
+MARKUPS: tuple[str, ...] = ("none", "html", "xml", "markdown")  # input.markup
 
 # An inline element's text is decoded to find its words in the block's translation: a few tokens per word do
 # (a model trained on sentences may otherwise write a whole one around a lone word, up to max_new_tokens).
@@ -47,6 +50,7 @@ class _BlockPlan:
     units: list[_Unit]  # what is decoded of its text (the block, or its sentences)
     decoded_spans: list[int]  # the spans whose own text is decoded too
     entities: dict[str, list[tuple[int, str]]]  # character -> where the source wrote it as an entity, and how
+    markup: str = "html"
 
 
 @dataclass
@@ -91,8 +95,11 @@ class MarkedPage:
         return "".join(out)
 
 
-def _escape(text: str, entities: dict[str, list[tuple[int, str]]]) -> str:
-    """Translated text as markup: &, < and > escaped, a character the source wrote as an entity written so."""
+def _escape(text: str, entities: dict[str, list[tuple[int, str]]], markup: str = "html") -> str:
+    """Translated text as markup: in HTML and XML &, < and > escaped, a character the source wrote as an entity
+    written so; Markdown's text as it is."""
+    if markup == "markdown":
+        return text
     escaped = html.escape(text, quote=False)
     for character, written in entities.items():
         if character not in "&<>":
@@ -139,10 +146,10 @@ def _rebuilt(plan: _BlockPlan, translations: list[str]) -> str:
     inserts.sort(key=lambda item: item[:3])
     out, cursor = [], 0
     for offset, _, _, text in inserts:
-        out.append(_escape(_kept(target, cursor, offset, dropped), plan.entities))
+        out.append(_escape(_kept(target, cursor, offset, dropped), plan.entities, plan.markup))
         out.append(text)
         cursor = max(cursor, offset)
-    out.append(_escape(_kept(target, cursor, len(target), dropped), plan.entities))
+    out.append(_escape(_kept(target, cursor, len(target), dropped), plan.entities, plan.markup))
     return "".join(out)
 
 
@@ -153,7 +160,7 @@ def _kept(target: str, start: int, end: int, dropped: list[tuple[int, int]]) -> 
 
 def parse_page(page: str, markup: str, language: str = "en", segment: str = "none") -> MarkedPage:
     """``page`` as a MarkedPage (MarkupError where its markup does not parse)."""
-    events = html_events(page) if markup == "html" else xml_events(page)
+    events = {"html": html_events, "xml": xml_events, "markdown": markdown_events}[markup](page)
     inline = inline_tags(events, markup)
     while True:  # an inline element that a block boundary cuts in two ends blocks itself
         blocks = _blocks(events, inline)
@@ -234,7 +241,7 @@ def _plan(events: list[Event], markup: str, language: str, segment: str) -> _Blo
         return "".join(event.raw for event in events)
     units = _units(text, spans, language, segment)
     decoded = [k for k, span in enumerate(spans) if not span.verbatim and has_word(text[span.start:span.end])]
-    return _BlockPlan(events, text, spans, units, decoded, entities)
+    return _BlockPlan(events, text, spans, units, decoded, entities, markup)
 
 
 def _units(text: str, spans: list[Span], language: str, segment: str) -> list[_Unit]:

@@ -152,6 +152,8 @@ def xml_events(page: str) -> list[Event]:
 
 def inline_tags(events: list[Event], markup: str) -> set[int]:
     """The indices of the start, end and empty events that sit inside a sentence."""
+    if markup == "markdown":  # its tags are all inline: its blocks are bounded by what is kept
+        return {i for i, event in enumerate(events) if event.kind in ("start", "end", "empty")}
     if markup == "html":
         return {i for i, event in enumerate(events) if event.kind in ("start", "end", "empty") and event.tag in INLINE}
     # XML: an element is inline where its parent holds text of its own beside it (mixed content).
@@ -172,3 +174,95 @@ def inline_tags(events: list[Event], markup: str) -> set[int]:
             if mixed:
                 inline |= {child for child in children} | {pairs[child] for child in children if child in pairs}
     return inline
+
+
+def markdown_events(page: str) -> list[Event]:
+    """A Markdown page's events (markdown-it-py, CommonMark): the text of its paragraphs and headings with their
+    emphasis, links, images, code spans and inline HTML; everything else (markers, fences, code and HTML blocks)
+    kept as it is. Each event's raw text runs from where it begins to where the next one does."""
+    from markdown_it import MarkdownIt
+
+    line_starts = [0] + [i + 1 for i, ch in enumerate(page) if ch == "\n"]
+    starts: list[tuple[int, Event]] = [(0, Event("other", ""))]
+    for token in MarkdownIt("commonmark").parse(page):
+        if token.type != "inline" or not token.content:
+            continue
+        where = _content_offsets(page, line_starts, token)
+        starts += [(where(at), event) for at, event in _inline_events(token)]
+        starts.append((where(len(token.content)), Event("other", "")))
+    starts.sort(key=lambda item: item[0])  # stable: events found at one offset keep their order
+    events = []
+    for (start, event), (end, _) in zip(starts, starts[1:] + [(len(page), None)]):
+        event.raw = page[start:end]
+        if event.raw or event.kind != "other":
+            events.append(event)
+    return events
+
+
+def _content_offsets(page: str, line_starts: list[int], token):
+    """content index -> page offset, for an inline token whose content is its lines' text without their
+    container prefixes (list markers, "> ") and trailing whitespace."""
+    offsets = []
+    for number, line in enumerate(token.content.split("\n")):
+        first = line_starts[token.map[0] + number]
+        end = page.find("\n", first)
+        source = page[first:] if end == -1 else page[first:end]
+        column = source.rfind(line) if line else len(source)
+        offsets += [first + column + i for i in range(len(line) + 1)]  # and where the line's text ends
+    return lambda at: offsets[min(at, len(offsets) - 1)]
+
+
+def _next(content: str, text: str, at: int) -> int:
+    """Where ``text`` next occurs in ``content`` from ``at``, not escaped by a backslash (or len(content))."""
+    found = content.find(text, at)
+    while found > 0 and content[found - 1] == "\\":
+        found = content.find(text, found + 1)
+    return len(content) if found == -1 else found
+
+
+def _destination_end(content: str, at: int) -> int:
+    """After a link's or image's "]": past its "(destination)" or "[label]", if it has one."""
+    if at < len(content) and content[at] in "([":
+        return min(len(content), _next(content, ")" if content[at] == "(" else "]", at) + 1)
+    return at
+
+
+def _inline_events(token) -> list[tuple[int, Event]]:
+    """The inline token's events at their content index."""
+    content, at, events = token.content, 0, []
+    tags = {"em": "em", "strong": "strong", "link": "a"}
+    for child in token.children or []:
+        kind, _, side = child.type.rpartition("_")
+        if child.type == "text":
+            events.append((at, Event("text", "", text=child.content)))
+        elif child.type in ("softbreak", "hardbreak"):
+            at = _next(content, "\n", at)
+            events.append((at, Event("text", "", text=" ")))
+            at += 1
+        elif kind in ("em", "strong") and side in ("open", "close"):
+            at = _next(content, child.markup, at)
+            events.append((at, Event("start" if side == "open" else "end", "", tag=tags[kind])))
+            at += len(child.markup)
+        elif child.type == "link_open":
+            at = _next(content, "[", at)
+            events.append((at, Event("start", "", tag="a")))
+            at += 1
+        elif child.type == "link_close":
+            at = _next(content, "]", at)
+            events.append((at, Event("end", "", tag="a")))
+            at = _destination_end(content, at + 1)
+        elif child.type == "code_inline":
+            at = _next(content, child.markup, at)
+            events.append((at, Event("start", "", tag="code", keep=True)))
+            events.append((at + len(child.markup), Event("text", "", text=child.content)))
+            at = _next(content, child.markup, at + len(child.markup) + len(child.content)) + len(child.markup)
+            events.append((at - len(child.markup), Event("end", "", tag="code")))
+        elif child.type == "image":
+            at = _next(content, "![", at)
+            events.append((at, Event("empty", "", tag="img")))
+            at = _destination_end(content, _next(content, "]", at + 2) + 1)
+        else:  # inline HTML and anything else: kept as it is
+            at = _next(content, child.content or child.markup, at)
+            events.append((at, Event("empty", "", tag=child.type)))
+            at += len(child.content or child.markup)
+    return events

@@ -77,12 +77,16 @@ def place_spans(source: str, target: str, spans: list[Span]) -> list[tuple[int, 
             lo = max(lo, max(end for _, end in siblings))  # after the siblings placed so far: never crossing
         lo = min(lo, hi)
         near = span.start / max(1, len(source))
+        if span.end == span.start:  # covers no text (an image, a lone inline tag): at its relative place
+            at = _boundary(target, round(near * len(target)))
+            exact[k] = (at, at)
+            placed.append(_word_range(words, at, at, lo))
+            continue
         if span.verbatim:  # its own text, copied by the model as it is (code, names): there exactly
             at = _find_text(target, source[span.start:span.end], words, lo, hi, near)
             if at is not None:
                 exact[k] = at
-                covered = [i for i, (a, b, _) in enumerate(words) if a < at[1] and b > at[0]]
-                placed.append((covered[0], covered[-1] + 1) if covered else (lo, lo))
+                placed.append(_word_range(words, *at, lo))
                 continue
         own = [w for _, _, w in _words(source[span.start:span.end])]
         wanted = [w for _, _, w in _words(span.translation)] if span.translation else own
@@ -106,6 +110,22 @@ def place_spans(source: str, target: str, spans: list[Span]) -> list[tuple[int, 
             found = (first, first + width)
         placed.append(found)
     return [exact.get(k) or _characters(words, first, last, len(target)) for k, (first, last) in enumerate(placed)]
+
+
+def _word_range(words, start: int, end: int, default: int) -> tuple[int, int]:
+    """The words a character range covers (an empty range: none, at the first word after it)."""
+    covered = [i for i, (a, b, _) in enumerate(words) if a < end and b > start]
+    if covered:
+        return covered[0], covered[-1] + 1
+    after = next((i for i, (a, _, _) in enumerate(words) if a >= start), len(words))
+    return (after, after) if start == end else (default, default)
+
+
+def _boundary(text: str, at: int) -> int:
+    """``at`` moved to the end of the word it falls in (a tag never splits a word)."""
+    while 0 < at < len(text) and text[at - 1].isalnum() and text[at].isalnum():
+        at += 1
+    return at
 
 
 def _find_text(target: str, text: str, words, lo: int, hi: int, near: float) -> tuple[int, int] | None:

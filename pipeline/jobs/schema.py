@@ -39,10 +39,11 @@ class InputSection(_Section):
                     "rules for input.segment: sentence, and what input.language_check expects.")
     markup: Literal[MARKUPS] = Field(
         default="none",
-        description="html or xml: each record is a page; its tags, attributes, entities, comments, scripts, styles, "
-                    "code and translate=\"no\" elements are kept byte for byte, its text is translated (by "
-                    "input.segment inside each block of text) and inline tags are put back around the words they "
-                    "covered; a page that does not parse gets an error naming the line and column (docs/jobs.md).")
+        description="html, xml or markdown: each record is a page; its tags, attributes, entities, comments, "
+                    "scripts, styles, code and translate=\"no\" elements (Markdown: its markers, link targets, code "
+                    "spans and blocks) are kept byte for byte, its text is translated (by input.segment inside each "
+                    "block of text) and inline tags are put back around the words they covered; a page that does not "
+                    "parse gets an error naming the line and column (docs/jobs.md).")
     language_check: Literal[LANGUAGE_CHECKS] = Field(
         default="off",
         description="flag: each record's language is detected (the detected_language and language_confidence "

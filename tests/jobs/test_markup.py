@@ -130,3 +130,21 @@ def test_an_inline_elements_own_decode_has_a_small_budget_and_flags_nothing_of_t
     joined = join_results(page, [result("A dog runs.", False), result("dog dog dog dog", True)], "large")
     assert (joined.stopped_by_budget, joined.repetition, joined.unknown_tokens) == (False, False, 0)
     assert joined.stats.output_tokens == 6  # the work is counted all the same
+
+
+MARKDOWN = ("# Hunde *im* Park #\n\n> Ein **Hund** läuft über die [Wiese](/wiese \"Die Wiese\").\n\n"
+            "- Tom und `ls -la` spielen ![Foto](/a.jpg) mit <b>x</b>\n1. Eine _Katze_ schläft.\n\n"
+            "```js\nrender(\"*Hund*\");\n```\n\n    eingerückter Code\n")
+
+
+def test_markdown_keeps_its_markers_fences_and_code_and_places_its_emphasis():
+    sample = pq.read_table(REPO / "data/markup_sample/markdown.parquet").column("markdown").to_pylist()
+    for page in [MARKDOWN, *sample[:10]]:
+        parsed = parse_page(page, "markdown")
+        assert parsed.join(list(parsed.sentences)) == page  # byte for byte where nothing is translated
+    out = translated(MARKDOWN, "markdown", {"Ein Hund läuft über die Wiese.": "A dog runs across the meadow.",
+                                            "Hund": "dog", "Wiese": "meadow", "Eine Katze schläft.": "A cat & a dog sleep.",
+                                            "Katze": "Cat."})
+    assert "> A **dog** runs across the [meadow](/wiese \"Die Wiese\").\n" in out
+    assert "`ls -la`" in out and "![Foto](/a.jpg)" in out and "1. A _cat_ & a dog sleep.\n" in out  # Markdown's text is not HTML-escaped
+    assert out.endswith("```js\nrender(\"*Hund*\");\n```\n\n    eingerückter Code\n")  # fenced and indented code kept
