@@ -54,6 +54,18 @@ def _readable_rows(data_dir: Path) -> int:
     return rows
 
 
+def _settled_rows(data_dir: Path, quiet: float = 3.0) -> int:
+    """The readable rows once no file has come for ``quiet`` seconds: a worker outside the killed process group
+    may finish the write it was in (seen once in the full suite: 12 rows found by the rerun, 8 counted here)."""
+    rows, since = _readable_rows(data_dir), time.time()
+    while time.time() - since < quiet:
+        time.sleep(0.2)
+        now = _readable_rows(data_dir)
+        if now != rows:
+            rows, since = now, time.time()
+    return rows
+
+
 def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
     """Kill a running `bild-pipeline run` once some output exists, add a torn file, rerun."""
     ids = write_parquet_shards(str(tmp_path / "in"), 64, 16)
@@ -71,7 +83,7 @@ def test_resume_after_the_job_is_killed_part_way(saved_tiny_pair, tmp_path):
         time.sleep(0.2)
     os.killpg(process.pid, signal.SIGKILL)  # the whole job: driver, its embedded Ray, the workers
     process.wait()
-    written = _readable_rows(data_dir)  # a write cut off by the kill may have left a torn file
+    written = _settled_rows(data_dir)  # a write cut off by the kill may have left a torn file
     assert 0 < written < len(ids), f"the job should have been interrupted part-way ({written} rows)"
     (data_dir / "torn-write.parquet").write_bytes(b"PAR1 cut off")  # a file whose write was cut off
 
