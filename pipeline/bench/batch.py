@@ -29,8 +29,8 @@ from pipeline.bench.harness import (
 )
 from pipeline.bench.methods import CT2, method_of, method_windows
 from pipeline.decoding import DecodingConfig, Generator, ModelPair
-from pipeline.decoding.draft_length import DraftLength
-from pipeline.decoding.scheduler import BatchPolicy, BatchRequest, scheduler_for
+from pipeline.decoding.pair_decoder import PairDecoder
+from pipeline.decoding.scheduler import BatchPolicy, BatchRequest
 from pipeline.metrics.interleaving import order_coverage
 from pipeline.metrics.quality import signatures
 
@@ -79,10 +79,10 @@ def make_cells(methods, batch_sizes, verify_shares) -> list[Cell]:
 
 def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list[BatchRequest],
              ct2: dict | None = None, ct2_inputs: list[list[int]] | None = None,
-             choosers: dict | None = None) -> list[list[int]]:
+             decoders: dict | None = None) -> list[list[int]]:
     """The cell's outputs for every request; the large model's work of this run is left on the cell.
-    CTranslate2 takes the requests' ids as lists (``ct2_inputs``, made once, outside the timings). ``choosers``:
-    the window chooser of each (config, slots), kept across the cells' repetitions (as a decoder keeps its own)."""
+    CTranslate2 takes the requests' ids as lists (``ct2_inputs``, made once, outside the timings). ``decoders``:
+    each config's PairDecoder, kept across the cells' repetitions with the window chooser it keeps per batch size."""
     if cell.method in CT2:
         model = ct2[cell.method.removeprefix("ct2_")]
         return model.generate(ct2_inputs, config.max_new_tokens, max_batch_size=cell.batch_size)
@@ -92,15 +92,16 @@ def run_cell(pair: ModelPair, cell: Cell, config: DecodingConfig, requests: list
     before = (large.tokens_fed, large.positions_computed, large.calls) if large is not None else (0, 0, 0)
     engines = [pair.engine(role, max(cell.batch_size, 1)) for role in ("small", "large")
                if method in (role, *DRAFTING)]
+    decoders = {} if decoders is None else decoders
+    if config not in decoders:
+        decoders[config] = PairDecoder(pair, config)
+    decoder, policy = decoders[config], BatchPolicy(batch_size=max(cell.batch_size, 1),
+                                                    verify_share=cell.verify_share or 1.0)
     spent_before, started = _engine_seconds(engines), time.perf_counter()
-    policy = BatchPolicy(batch_size=max(cell.batch_size, 1), verify_share=cell.verify_share or 1.0)
-    key = (config, policy.batch_size)
-    chooser = (choosers if choosers is not None else {}).setdefault(key, DraftLength(config.max_draft_tokens,
-                                                                                     policy.batch_size))
     if cell.batch_size == 0:  # record by record, as Generator.decode_ids runs each
-        tokens = [scheduler_for(pair, config, policy, chooser).run([r])[0].tokens for r in requests]
+        tokens = [decoder.decode_requests([r], policy)[0].tokens for r in requests]
     else:
-        tokens = [output.tokens for output in scheduler_for(pair, config, policy, chooser).run(requests)]
+        tokens = [output.tokens for output in decoder.decode_requests(requests, policy)]
     cell.time_spent = {"wall": time.perf_counter() - started,
                        **{key: spent - spent_before[key] for key, spent in _engine_seconds(engines).items()}}
     if large is not None and cell.batch_size > 0:  # the engines outlive the cell: count this run's work
@@ -137,11 +138,11 @@ def run_batch_bench(pair: ModelPair, texts: list[str], references: list[str] | N
         methods = (*methods, *[name for name in ("ct2_large", "ct2_large_int8") if name not in methods])
     ct2_inputs = [r.input_ids.tolist() for r in requests] if ct2 else None
     cells = make_cells(methods, batch_sizes, list(verify_shares))
-    choosers: dict = {}  # each (config, slots)'s window chooser, across warm-up and repetitions
+    decoders: dict = {}  # each config's decoder (and its window choosers), across warm-up and repetitions
     for cell in cells:  # warm-up on a few inputs, outside the measurements
-        run_cell(pair, cell, config, requests[:4], ct2, ct2_inputs and ct2_inputs[:4], choosers)
+        run_cell(pair, cell, config, requests[:4], ct2, ct2_inputs and ct2_inputs[:4], decoders)
     runs = interleave({cell.name: (lambda _, cell=cell: run_cell(pair, cell, config, requests, ct2, ct2_inputs,
-                                                                 choosers))
+                                                                 decoders))
                        for cell in cells}, 1, repeats, pair.device, warm_up=False)
     for cell in cells:
         cell.seconds, cell.tokens = runs[cell.name].repetition_seconds(), runs[cell.name].last[0]

@@ -72,9 +72,10 @@ def written_decoding_problem(written: dict, defaults) -> str | None:
     return None
 
 
-def language_check_problem(language_check: str, language: str) -> str | None:
-    """Why input.language_check cannot run with input.language (None: it can): it compares ISO 639-1 codes."""
-    if language_check != "off" and len(language.replace("_", "-").split("-")[0]) != 2:
+def language_check_problem(language_check: str, language: str, primary: str) -> str | None:
+    """Why input.language_check cannot run with input.language (``primary``: its primary subtag, io.language's
+    base_code) (None: it can): it compares ISO 639-1 codes."""
+    if language_check != "off" and len(primary) != 2:
         return (f"input.language_check compares two-letter ISO 639-1 codes; input.language is {language!r} "
                 "(e.g. de, en, pt-BR)")
     return None

@@ -27,11 +27,6 @@ def _identifier():
     return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
 
 
-def known_languages() -> frozenset[str]:
-    """The ISO 639-1 codes the detector labels."""
-    return frozenset(_identifier().nb_classes)
-
-
 def base_code(language: str) -> str:
     """A language tag's primary subtag, lowercase: "pt-BR" -> "pt"."""
     return language.replace("_", "-").split("-")[0].lower()

@@ -48,7 +48,7 @@ class _HTMLEvents(HTMLParser):
     def __init__(self, page: str):
         super().__init__(convert_charrefs=False)
         self.page, self.events, self.starts = page, [], []
-        self.line_starts = [0] + [i + 1 for i, ch in enumerate(page) if ch == "\n"]
+        self.line_starts = line_starts(page)
 
     def _add(self, kind: str, **values) -> None:
         line, column = self.getpos()
@@ -86,6 +86,11 @@ class _HTMLEvents(HTMLParser):
         if self.starts and self.starts[0] > 0 or not self.events and self.page:
             self.events.insert(0, Event("other", self.page[: self.starts[0] if self.starts else len(self.page)]))
         return self.events
+
+
+def line_starts(page: str) -> list[int]:
+    """The offset where each line of ``page`` begins."""
+    return [0] + [i + 1 for i, ch in enumerate(page) if ch == "\n"]
 
 
 def _where(page: str, offset: int) -> str:
@@ -182,12 +187,12 @@ def markdown_events(page: str) -> list[Event]:
     kept as it is. Each event's raw text runs from where it begins to where the next one does."""
     from markdown_it import MarkdownIt
 
-    line_starts = [0] + [i + 1 for i, ch in enumerate(page) if ch == "\n"]
+    starts_of_lines = line_starts(page)
     starts: list[tuple[int, Event]] = [(0, Event("other", ""))]
     for token in MarkdownIt("commonmark").parse(page):
         if token.type != "inline" or not token.content:
             continue
-        where = _content_offsets(page, line_starts, token)
+        where = _content_offsets(page, starts_of_lines, token)
         starts += [(where(at), event) for at, event in _inline_events(token)]
         starts.append((where(len(token.content)), Event("other", "")))
     starts.sort(key=lambda item: item[0])  # stable: events found at one offset keep their order

@@ -12,7 +12,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 
 from pipeline.decoding import rules
 from pipeline.decoding.config import ENGINES, METHODS, BatchPolicy, DecodingConfig, ModelSpec, TokenBudget
-from pipeline.io.language import LANGUAGE_CHECKS
+from pipeline.io.language import LANGUAGE_CHECKS, base_code
 from pipeline.io.markup import MARKUPS
 from pipeline.io.segments import SEGMENTS
 from pipeline.jobs import fingerprint
@@ -63,7 +63,7 @@ class InputSection(_Section):
 
     @model_validator(mode="after")
     def _check_compares_codes(self):
-        problem = rules.language_check_problem(self.language_check, self.language)
+        problem = rules.language_check_problem(self.language_check, self.language, base_code(self.language))
         if problem:
             raise ValueError(problem)
         return self
